@@ -1,0 +1,69 @@
+"""fsm_agent: torch elastic's worker-group lifecycle as an explicit, checked state machine.
+
+A spec (YAML, see ``specs/``) declares states, triggers, guards and actions; ``Lifecycle`` runs
+it on a ``transitions`` machine whose actions go through a ``Driver``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._driver import Driver
+from ._engine import ActionRecord, Lifecycle, Listener, Step
+from ._errors import (
+    ActionError,
+    LifecycleError,
+    Problem,
+    SpecError,
+    WorkerGroupFailureException,
+)
+from ._spec import (
+    MetricSpec,
+    Spec,
+    StateSpec,
+    TransitionSpec,
+    load_spec,
+    parse_spec,
+    preset_names,
+)
+from ._vocabulary import Context, Vocabulary
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActionError",
+    "ActionRecord",
+    "Context",
+    "Driver",
+    "Lifecycle",
+    "LifecycleError",
+    "Listener",
+    "MetricSpec",
+    "Problem",
+    "RunResult",
+    "Spec",
+    "SpecError",
+    "StateSpec",
+    "Step",
+    "TransitionSpec",
+    "Vocabulary",
+    "WorkerGroupFailureException",
+    "WorkerState",
+    "__version__",
+    "load_spec",
+    "parse_spec",
+    "preset_names",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # torch's own WorkerState and RunResult, re-exported lazily: importing fsm_agent to check or
+    # draw a spec must not pay for importing torch.
+    if name in ("WorkerState", "RunResult"):
+        from torch.distributed.elastic.agent.server import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'fsm_agent' has no attribute {name!r}")

@@ -1,0 +1,75 @@
+"""Exceptions raised by fsm_agent."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "ActionError",
+    "LifecycleError",
+    "Problem",
+    "SpecError",
+    "WorkerGroupFailureException",
+]
+
+
+@attrs.frozen
+class Problem:
+    """One thing wrong with a spec: where it is and what is wrong."""
+
+    path: str
+    line: int | None
+    element: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.path if self.line is None else f"{self.path}:{self.line}"
+        element = f" {self.element}:" if self.element else ""
+        return f"{where}:{element} {self.message}"
+
+
+class SpecError(ValueError):
+    """A lifecycle spec is invalid. ``problems`` lists every finding, each with file and line."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems: tuple[Problem, ...] = tuple(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+    @classmethod
+    def single(cls, path: str, line: int | None, element: str, message: str) -> SpecError:
+        """Build an error with one problem."""
+        return cls([Problem(path, line, element, message)])
+
+
+class LifecycleError(RuntimeError):
+    """The lifecycle was used in a way its spec does not allow (e.g. observed after finishing)."""
+
+
+class ActionError(LifecycleError):
+    """An action or guard raised; the machine moved to UNKNOWN. The original is ``__cause__``."""
+
+    def __init__(self, message: str, *, action: str, trigger: str, source: str, dest: str) -> None:
+        super().__init__(message)
+        self.action = action
+        self.trigger = trigger
+        self.source = source
+        self.dest = dest
+
+
+class WorkerGroupFailureException(Exception):
+    """The worker group failed and no restarts are left (the ``torchelastic`` preset raises it).
+
+    ``failures`` maps a worker's global rank to its failure (torch's ``ProcessFailure``), as the
+    seed's ``WorkerGroupFailureException(msg, monitor_result.exceptions)`` kept them.
+    """
+
+    def __init__(self, msg: str, failures: Mapping[int, Any] | None = None) -> None:
+        super().__init__(msg)
+        self.msg = msg
+        self.failures: dict[int, Any] = dict(failures or {})
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.msg, self.failures))

@@ -1,0 +1,117 @@
+"""A driver that plays a script and records every call: for tests and for embedding."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .._engine import _torch_types
+
+__all__ = ["Call", "RecordingDriver", "ScriptExhausted", "make_result"]
+
+#: One recorded driver call: the method name, then its arguments.
+Call = tuple[Any, ...]
+
+
+class ScriptExhausted(AssertionError):
+    """``monitor()`` was called after the last scripted result."""
+
+
+def make_result(state: Any, *, tick: int = 0, ranks: Sequence[int] = (0,)) -> Any:
+    """Torch's ``RunResult`` for ``state`` (a ``WorkerState`` or its name).
+
+    FAILED and UNHEALTHY results carry a ``ProcessFailure`` per rank in ``ranks`` (exit code 1);
+    SUCCEEDED results carry a return value per rank.
+    """
+    api = _torch_types()
+    ws = api.WorkerState[state] if isinstance(state, str) else state
+    if ws.name in ("FAILED", "UNHEALTHY"):
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+        failures = {
+            r: ProcessFailure(local_rank=r, pid=1000 + tick, exitcode=1, error_file="")
+            for r in ranks
+        }
+        return api.RunResult(state=ws, failures=failures)
+    if ws.name == "SUCCEEDED":
+        return api.RunResult(state=ws, return_values={r: None for r in ranks})
+    return api.RunResult(state=ws)
+
+
+class RecordingDriver:
+    """Scripted monitor results, nodes waiting and barrier outcomes; every call recorded in order.
+
+    >>> d = RecordingDriver(["HEALTHY", "FAILED"], nodes_waiting=[0])
+    >>> d.monitor().state.name, d.num_nodes_waiting(), d.calls
+    ('HEALTHY', 0, [('monitor',), ('num_nodes_waiting',)])
+
+    ``results``: each a ``RunResult``, a ``WorkerState`` or a state name. ``nodes_waiting``:
+    answers of successive ``num_nodes_waiting()`` calls (0 once exhausted). ``barrier``: outcomes
+    of successive ``exit_barrier()`` calls, each ``None`` (passes) or an exception to raise.
+    ``raises``: a method name mapped to an exception raised on every call of it (a failing hook).
+    """
+
+    def __init__(
+        self,
+        results: Iterable[Any] = (),
+        *,
+        nodes_waiting: Iterable[int] = (),
+        barrier: Iterable[BaseException | None] = (),
+        raises: dict[str, BaseException] | None = None,
+        on_call: Callable[[Call], None] | None = None,
+    ) -> None:
+        self._results = [
+            r if hasattr(r, "state") else make_result(r, tick=i) for i, r in enumerate(results)
+        ]
+        self._waiting = list(nodes_waiting)
+        self._barrier = list(barrier)
+        self._raises = dict(raises or {})
+        self._on_call = on_call
+        self.calls: list[Call] = []
+        self.metrics: list[tuple[str, int]] = []
+
+    def _record(self, *call: Any) -> None:
+        self.calls.append(call)
+        if self._on_call is not None:
+            self._on_call(call)
+        err = self._raises.get(call[0])
+        if err is not None:
+            raise err
+
+    @property
+    def ticks_left(self) -> int:
+        """Scripted monitor results not yet returned."""
+        return len(self._results)
+
+    def names(self) -> list[str]:
+        """The recorded call names, without metrics."""
+        return [c[0] for c in self.calls if c[0] != "put_metric"]
+
+    def rendezvous(self) -> None:
+        self._record("rendezvous")
+
+    def start_workers(self) -> None:
+        self._record("start_workers")
+
+    def stop_workers(self) -> None:
+        self._record("stop_workers")
+
+    def monitor(self) -> Any:
+        self._record("monitor")
+        if not self._results:
+            raise ScriptExhausted("monitor() called after the last scripted result")
+        return self._results.pop(0)
+
+    def num_nodes_waiting(self) -> int:
+        self._record("num_nodes_waiting")
+        return self._waiting.pop(0) if self._waiting else 0
+
+    def exit_barrier(self, timeout: float) -> None:
+        self._record("exit_barrier", timeout)
+        outcome = self._barrier.pop(0) if self._barrier else None
+        if outcome is not None:
+            raise outcome
+
+    def put_metric(self, name: str, value: int) -> None:
+        self.metrics.append((name, value))
+        self._record("put_metric", name, value)
