@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from ._engine import Lifecycle, Step
 from ._errors import SpecError, WorkerGroupFailureException
 from ._spec import load_spec, preset_names
+from .testing import RecordingDriver
 
 __all__ = ["demo_main", "main"]
 
@@ -43,19 +44,15 @@ def main(argv: Sequence[str]) -> int:
     return 1 if bad else 0
 
 
-class _SimulatedGroup:
-    """A worker group that fails once, sees a node join, then finishes: no processes."""
+def _simulated_group(script: Sequence[str], waiting: Sequence[int]) -> RecordingDriver:
+    """A worker group that plays ``script`` and prints the metrics it is given: no processes."""
 
-    def __init__(self, script: Sequence[str], waiting: Sequence[int]) -> None:
-        from .testing import RecordingDriver
+    class SimulatedGroup(RecordingDriver):
+        def put_metric(self, name: str, value: int) -> None:
+            super().put_metric(name, value)
+            print(f"    metric {name}={value}")
 
-        self._driver = RecordingDriver(script, nodes_waiting=waiting)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._driver, name)
-
-    def put_metric(self, name: str, value: int) -> None:
-        print(f"    metric {name}={value}")
+    return SimulatedGroup(script, nodes_waiting=waiting)
 
 
 def _print_step(step: Step) -> None:
@@ -105,7 +102,7 @@ def demo_main(argv: Sequence[str]) -> int:
         waiting = [int(x) for x in args.nodes_waiting.split(",") if x.strip()]
     except ValueError:
         parser.error(f"--nodes-waiting: expected integers, got {args.nodes_waiting!r}")
-    group = _SimulatedGroup(script, waiting)
+    group = _simulated_group(script, waiting)
     lc = Lifecycle(
         spec,
         group,

@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["WorkerExitWaker", "available_backends", "default_backend"]
 
@@ -296,7 +296,7 @@ class WorkerExitWaker:
                     woke |= self._collect_thread_exits()
                 continue
             self._selector.unregister(key.fileobj)
-            kind, value = key.data
+            kind, _value = key.data
             if kind == "pid":
                 fd = int(key.fd)
                 os.close(fd)
@@ -323,7 +323,7 @@ class WorkerExitWaker:
                 os.close(fd)
         self._wake_r = self._wake_w = -1
 
-    def __enter__(self) -> WorkerExitWaker:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

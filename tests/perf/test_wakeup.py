@@ -83,7 +83,8 @@ def test_a_worker_reaped_before_watch_is_reported_at_once(
             self.proc = proc
 
     class FakeContext:
-        subprocess_handlers = {0: Handler(procs[0]), 1: Handler(procs[1])}
+        def __init__(self) -> None:
+            self.subprocess_handlers = {0: Handler(procs[0]), 1: Handler(procs[1])}
 
         def pids(self) -> dict[int, int]:
             return {r: h.proc.pid for r, h in self.subprocess_handlers.items()}
