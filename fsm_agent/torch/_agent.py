@@ -1,0 +1,192 @@
+"""``LifecycleAgentMixin`` and ``FSMElasticAgent``: torch's elastic agent, run by a spec."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from torch.distributed.elastic.agent.server.api import (
+    DEFAULT_ROLE,
+    RunResult,
+    SimpleElasticAgent,
+    WorkerState,
+)
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
+
+from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
+from fsm_agent.torch._driver import TorchDriver
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.agent.server.api import WorkerGroup
+
+__all__ = ["FSMElasticAgent", "LifecycleAgentMixin"]
+
+logger = logging.getLogger("fsm_agent.torch")
+
+# Exceptions torch's SimpleElasticAgent.run() handles itself; the engine must let them through
+# unwrapped (it wraps any other action error in ActionError and moves to UNKNOWN).
+FATAL_EXCEPTIONS: tuple[type[BaseException], ...] = (SignalException, RendezvousGracefulExitError)
+
+
+class LifecycleAgentMixin:
+    """Makes any ``SimpleElasticAgent`` subclass spec-driven: list it first among the bases.
+
+    ::
+
+        class MyAgent(LifecycleAgentMixin, SomeVendorElasticAgent): ...
+        agent = MyAgent(worker_spec, ..., lifecycle_spec="torchrun", listeners=[print])
+
+    The mixin replaces ``_invoke_run`` (torch's hard-coded ``while True`` loop) with a
+    ``fsm_agent.Lifecycle`` whose driver (:class:`TorchDriver`) calls the agent's own
+    ``_rendezvous``, ``_start_workers``, ``_stop_workers``, ``_monitor_workers``, the rendezvous
+    handler's ``num_nodes_waiting`` and torch's store barrier. ``run()`` is torch's, so its
+    signal handling, shutdown, ``_record_metrics`` and ``_record_worker_events`` are unchanged.
+
+    Keyword arguments taken by the mixin (everything else goes to the agent's constructor):
+
+    - ``lifecycle_spec``: preset name, path or ``Spec`` (default ``"torchelastic"``). Not
+      ``spec``: torch's agents already use that name for the ``WorkerSpec``.
+    - ``listeners``: callables receiving a ``fsm_agent.Step`` per transition (a trace writer).
+    - ``isolate_worker_store``: give every rendezvous round's workers a fresh store (default
+      True; the restart fix, see ``docs/runner.md``).
+
+    The monitor and restart paths are separate methods so that they can be changed alone:
+    :meth:`_lifecycle_loop` (start, then the monitor loop), :meth:`_monitor_wait` (what happens
+    between two looks at the workers) and :meth:`_on_workers_started` (called by the driver after
+    every start of the workers).
+    """
+
+    _worker_group: WorkerGroup
+    _remaining_restarts: int
+    _exit_barrier_timeout: float
+
+    def __init__(
+        self,
+        *args: Any,
+        lifecycle_spec: str | os.PathLike[str] | Spec = "torchelastic",
+        listeners: Iterable[Listener] = (),
+        isolate_worker_store: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        # Load (and check) the spec before the agent allocates anything: a bad spec is a clear
+        # SpecError at construction, not a failure after the first rendezvous.
+        self._lifecycle_spec: Spec = load_spec(lifecycle_spec)
+        super().__init__(*args, **kwargs)
+        if not isinstance(self, SimpleElasticAgent):
+            raise TypeError(
+                f"{type(self).__name__}: LifecycleAgentMixin needs a SimpleElasticAgent subclass "
+                "after it among the bases"
+            )
+        self._lifecycle_listeners: tuple[Listener, ...] = tuple(listeners)
+        self._fsm_driver = TorchDriver(
+            self, isolate_worker_store=isolate_worker_store, on_started=self._on_workers_started
+        )
+        self._lifecycle: Lifecycle | None = None
+
+    # -- the lifecycle -------------------------------------------------------------------------
+
+    @property
+    def lifecycle(self) -> Lifecycle | None:
+        """The lifecycle of the current (or last) ``run()``, ``None`` before the first."""
+        return self._lifecycle
+
+    @property
+    def driver(self) -> TorchDriver:
+        """The driver the lifecycle acts through."""
+        return self._fsm_driver
+
+    def _make_lifecycle(self) -> Lifecycle:
+        spec = self._worker_group.spec
+        lifecycle = Lifecycle(
+            self._lifecycle_spec,
+            self._fsm_driver,
+            role=spec.role,
+            max_restarts=spec.max_restarts,
+            exit_barrier_timeout=self._exit_barrier_timeout,
+            fatal_exceptions=FATAL_EXCEPTIONS,
+            # Ours first: the group state is in step before any other listener looks at it.
+            listeners=(self._follow_step, *self._lifecycle_listeners),
+        )
+        self._fsm_driver.bind(lifecycle)
+        return lifecycle
+
+    def _follow_step(self, step: Step) -> None:
+        # torch's loop sets worker_group.state at the same points the machine changes state
+        # (observed state, STOPPED during a restart, HEALTHY after a start, FAILED on giving up).
+        if step.dest is not None:
+            self._worker_group.state = WorkerState[step.dest]
+        self._remaining_restarts = step.remaining_restarts
+
+    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        spec = self._worker_group.spec
+        logger.info(
+            "[%s] starting workers for entrypoint: %s (lifecycle spec %r)",
+            spec.role,
+            spec.get_entrypoint_name(),
+            self._lifecycle_spec.name,
+        )
+        lifecycle = self._make_lifecycle()
+        self._lifecycle = lifecycle
+        try:
+            return self._lifecycle_loop(lifecycle)
+        except WorkerGroupFailureException:
+            # torch's run() records run metrics and worker events only for a returned result;
+            # the torchelastic preset raises on giving up, so record them here.
+            result = lifecycle.result
+            self._fsm_driver.sync_counters()
+            if result is not None:
+                self._record_metrics(result)  # type: ignore[attr-defined]
+                self._record_worker_events(result)  # type: ignore[attr-defined]
+            raise
+        finally:
+            self._fsm_driver.sync_counters()
+
+    # -- the monitor and restart path (kept apart for issue 6/7 work) --------------------------
+
+    def _lifecycle_loop(self, lifecycle: Lifecycle) -> RunResult:
+        """Start the group, then monitor it until the lifecycle is done (torch's while loop).
+
+        Restarts happen inside ``lifecycle.observe``: the spec's transitions call the driver's
+        ``stop_workers``, ``rendezvous`` and ``start_workers``.
+        """
+        lifecycle.start()
+        interval = self._worker_group.spec.monitor_interval
+        monitor = self._fsm_driver.monitor
+        while not lifecycle.done:
+            self._monitor_wait(interval)
+            lifecycle.observe(monitor())
+        result = lifecycle.result
+        if result is None:  # pragma: no cover - the engine sets it on every final state
+            raise RuntimeError(f"[{lifecycle.context.role}] lifecycle ended without a result")
+        return result
+
+    def _monitor_wait(self, interval: float) -> None:
+        """Wait between two looks at the workers: ``monitor_interval``, as torch does."""
+        time.sleep(interval)
+
+    def _on_workers_started(self) -> None:
+        """Called after every start of the workers (first start and each restart)."""
+
+    # -- run ---------------------------------------------------------------------------------
+
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """torch's ``run()``; afterwards the per-round worker store is released."""
+        try:
+            return super().run(role)  # type: ignore[misc, no-any-return]
+        finally:
+            self._fsm_driver.close()
+
+
+class FSMElasticAgent(LifecycleAgentMixin, LocalElasticAgent):  # type: ignore[misc]
+    """torch's ``LocalElasticAgent`` whose run loop is a ``fsm_agent`` lifecycle.
+
+    Takes ``LocalElasticAgent``'s arguments (``spec`` is the ``WorkerSpec``, ``logs_specs``,
+    ``start_method``, ``exit_barrier_timeout``, ``log_line_prefix_template``,
+    ``shutdown_timeout``, ...) plus the mixin's ``lifecycle_spec``, ``listeners`` and
+    ``isolate_worker_store``.
+    """

@@ -1,0 +1,191 @@
+"""``TorchDriver``: the lifecycle's driver calls, implemented by a torch ``SimpleElasticAgent``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fsm_agent.torch._isolation import WorkerStoreIsolation
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.agent.server.api import (
+        RunResult,
+        SimpleElasticAgent,
+        WorkerGroup,
+    )
+
+__all__ = ["TorchDriver"]
+
+logger = logging.getLogger("fsm_agent.torch")
+
+
+class _Counters(Protocol):
+    """What the driver reads from the lifecycle it serves (``fsm_agent.Lifecycle`` has both)."""
+
+    @property
+    def remaining_restarts(self) -> int: ...
+
+    @property
+    def restart_count(self) -> int: ...
+
+
+class TorchDriver:
+    """Drives a torch ``SimpleElasticAgent``'s own hooks on behalf of a lifecycle.
+
+    Every call mirrors what ``SimpleElasticAgent._invoke_run`` does at the same point, so the
+    agent's ``worker_group``, ``_remaining_restarts``, events and metrics look to torch (and to
+    subclasses such as DeepSpeed's or NVIDIA's agents) exactly as if torch's loop were running:
+
+    - ``rendezvous``: ``agent._rendezvous(group)``, then a fresh worker store for the round
+      (see ``fsm_agent.torch._isolation``; ``isolate_worker_store=False`` keeps torch's
+      behaviour).
+    - ``start_workers``: ``agent._start_workers(group)``, worker ids and START events as in
+      ``_initialize_workers``; group state HEALTHY.
+    - ``stop_workers``: ``agent._stop_workers(group)``.
+    - ``monitor``: ``agent._monitor_workers(group)``; group state := observed state.
+    - ``num_nodes_waiting``: the rendezvous handler's.
+    - ``exit_barrier``: ``torch.distributed.elastic.utils.store.barrier`` on the agent's store
+      with torch's key prefix, so torch agents and ours can meet at one barrier. Errors
+      propagate; the lifecycle decides what they mean.
+    - ``put_metric``: ``torch.distributed.elastic.metrics.put_metric``.
+
+    Before each call that reads the restart counters (rendezvous logs them, ``_start_workers``
+    exports ``TORCHELASTIC_RESTART_COUNT``) the lifecycle's counters are copied into
+    ``agent._remaining_restarts``; :meth:`bind` gives the driver the lifecycle to read.
+    """
+
+    def __init__(
+        self,
+        agent: SimpleElasticAgent,
+        *,
+        isolate_worker_store: bool = True,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self._on_started = on_started
+        self.isolation: WorkerStoreIsolation | None = (
+            WorkerStoreIsolation() if isolate_worker_store else None
+        )
+        self._counters: _Counters | None = None
+
+    @property
+    def worker_group(self) -> WorkerGroup:
+        """The agent's (single) worker group."""
+        return self.agent._worker_group
+
+    def bind(self, counters: _Counters) -> None:
+        """Read restart counters from ``counters`` (the lifecycle) from now on."""
+        self._counters = counters
+
+    def sync_counters(self) -> None:
+        """Copy the lifecycle's remaining restarts into the agent (torch reads it there)."""
+        if self._counters is not None:
+            self.agent._remaining_restarts = self._counters.remaining_restarts
+
+    # -- Driver protocol -------------------------------------------------------------------
+
+    def rendezvous(self) -> None:
+        """Join the next round; give the round's workers their own store."""
+        self.sync_counters()
+        group = self.worker_group
+        logger.info("[%s] Rendezvous'ing worker group", group.spec.role)
+        self.agent._rendezvous(group)
+        if self.isolation is not None:
+            restart_count = group.spec.max_restarts - self.agent._remaining_restarts
+            self.isolation.apply(group, restart_count)
+
+    def start_workers(self) -> None:
+        """Start the local workers and record their START events, as ``_initialize_workers``."""
+        from torch.distributed.elastic.agent.server.api import WorkerState
+        from torch.distributed.elastic.events import EventSource, record
+
+        self.sync_counters()
+        group = self.worker_group
+        logger.info("[%s] Starting worker group", group.spec.role)
+        worker_ids = self.agent._start_workers(group)
+        for local_rank, worker_id in worker_ids.items():
+            worker = group.workers[local_rank]
+            worker.id = worker_id
+            record(
+                self.agent._construct_event("START", EventSource.WORKER, worker),
+                group.spec.event_log_handler,
+            )
+        group.state = WorkerState.HEALTHY
+        if self._on_started is not None:
+            self._on_started()
+
+    def stop_workers(self) -> None:
+        """Stop every local worker."""
+        group = self.worker_group
+        logger.info("[%s] Stopping worker group", group.spec.role)
+        self.agent._stop_workers(group)
+
+    def monitor(self) -> RunResult:
+        """One look at the workers; the group's state follows the observation, as in torch."""
+        group = self.worker_group
+        before = self.agent._remaining_restarts
+        result = self.agent._monitor_workers(group)
+        group.state = result.state
+        if self.agent._remaining_restarts < before and self._counters is not None:
+            # LocalElasticAgent zeroes _remaining_restarts when a worker is stuck in D-state
+            # ("a fresh worker would conflict"); the lifecycle owns the counter, so pass it on.
+            _set_remaining_restarts(self._counters, self.agent._remaining_restarts)
+        return result
+
+    def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join the next round (a membership change)."""
+        return int(self.worker_group.spec.rdzv_handler.num_nodes_waiting())
+
+    def exit_barrier(self, timeout: float) -> None:
+        """Wait for every agent of the group on the rendezvous store, like torch's agent."""
+        import torch.distributed.elastic.utils.store as store_util
+        from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+
+        group = self.worker_group
+        logger.info(
+            "[%s] Local worker group finished (%s). Waiting %s seconds for other agents to finish",
+            group.spec.role,
+            group.state,
+            timeout,
+        )
+        start = time.monotonic()
+        # LocalElasticAgent's health check reports "alive" while this flag is set.
+        self.agent._in_exit_barrier = True
+        try:
+            store_util.barrier(
+                store=self.agent._store,
+                world_size=group.group_world_size,
+                key_prefix=_TERMINAL_STATE_SYNC_ID,
+                barrier_timeout=timeout,
+            )
+        finally:
+            self.agent._in_exit_barrier = False
+        logger.info(
+            "[%s] Done waiting for other agents. Elapsed: %.3f seconds",
+            group.spec.role,
+            time.monotonic() - start,
+        )
+
+    def put_metric(self, name: str, value: int) -> None:
+        """Publish through torch's metrics API (group ``torchelastic``, as torch's agent)."""
+        from torch.distributed.elastic.metrics import put_metric
+
+        put_metric(name, value)
+
+    # -- resources -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release what the driver holds beyond the agent (the per-round worker store)."""
+        if self.isolation is not None:
+            self.isolation.close()
+
+
+def _set_remaining_restarts(counters: Any, value: int) -> None:
+    # fsm_agent.Lifecycle exposes its attrs Context, whose counters guards and actions read.
+    target = getattr(counters, "context", counters)
+    try:
+        target.remaining_restarts = value
+    except AttributeError:  # a read-only stand-in: nothing to pass the change on to
+        logger.warning("cannot lower the lifecycle's remaining restarts to %s", value)
