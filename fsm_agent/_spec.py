@@ -315,6 +315,8 @@ class _Reader:
             mark = e.problem_mark or e.context_mark
             line = mark.line + 1 if mark is not None else None
             msg = " ".join(str(x) for x in (e.context, e.problem) if x)
+            if e.context_mark is not None and mark is not e.context_mark:
+                msg += f" (the construct started on line {e.context_mark.line + 1})"
             raise SpecError.single(self.path, line, "", f"YAML syntax error: {msg}") from None
         except yaml.YAMLError as e:
             raise SpecError.single(self.path, None, "", f"YAML error: {e}") from None
