@@ -1,0 +1,373 @@
+"""State diagrams drawn from a ``Spec`` (never from a running machine).
+
+``transitions``' GraphMachine re-styles its graph on every trigger, which is fine for drawing and
+wrong for a runtime; here the diagram is a pure function of the spec (and, optionally, of a
+trace whose path is highlighted). Every edge reads ``trigger [guards] / actions`` (``!g`` for an
+``unless`` guard, ``then x`` for an ``after`` action), states show their entry and exit actions,
+the initial state has the start dot and final states are marked (transitions' flat backends
+ignore ``final``).
+
+Mermaid and DOT are text and need nothing installed. SVG and PNG are rendered by Graphviz through
+the ``pygraphviz`` wheel, which bundles it (``pip install 'fsm-agent[diagrams]'``); without it
+they raise ``DiagramEngineMissing`` rather than fall back to another format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import attrs
+
+from ._spec import Spec, StateSpec
+from ._spec import TransitionSpec as Transition
+
+if TYPE_CHECKING:
+    from ._replay import ReplayResult
+
+__all__ = [
+    "FORMATS",
+    "DiagramEngineMissing",
+    "Highlight",
+    "edge_label",
+    "highlight_from_replay",
+    "render",
+    "to_dot",
+    "to_mermaid",
+]
+
+Format = Literal["mermaid", "dot", "svg", "png"]
+FORMATS: tuple[str, ...] = ("mermaid", "dot", "svg", "png")
+EXTENSIONS: Mapping[str, str] = {".mmd": "mermaid", ".mermaid": "mermaid", ".dot": "dot",
+                                 ".gv": "dot", ".svg": "svg", ".png": "png"}
+EXTRA = "diagrams"
+SOURCE_MARK = "fsm-agent diagram source sha256:"
+
+
+class DiagramEngineMissing(RuntimeError):
+    """The format asked for needs an optional package that is not installed."""
+
+
+@attrs.frozen
+class Highlight:
+    """The path a trace took, to draw on the spec's diagram.
+
+    ``counts``: (transition index, source) -> times taken. ``extra``: moves the spec has no
+    transition for (an action raised, say), as (source, trigger, dest) -> (times, why). ``final``: the
+    state the trace ended in. ``note``: a line for the diagram's title (the divergence, if any).
+    """
+
+    counts: Mapping[tuple[int, str], int] = attrs.field(factory=dict)
+    extra: Mapping[tuple[str, str, str], tuple[int, str]] = attrs.field(factory=dict)
+    visited: frozenset[str] = frozenset()
+    final: str | None = None
+    note: str = ""
+
+
+def highlight_from_replay(res: ReplayResult) -> Highlight:
+    """The ``Highlight`` of a replayed trace: its edge counts, extra moves and final state."""
+    visited = {res.spec.initial}
+    for rec in res.trace.records[: res.checked]:
+        visited.add(rec.source)
+        if rec.dest:
+            visited.add(rec.dest)
+    note = "" if res.ok else f"diverges: {res.divergence}"
+    return Highlight(dict(res.edge_counts), dict(res.extra_moves), frozenset(visited),
+                     res.final_state, note)
+
+
+def _conditions(t: Transition) -> list[str]:
+    return [*t.guards, *(f"!{g}" for g in t.unless)]
+
+
+def edge_label(t: Transition, *, sep: str = " ") -> str:
+    """``trigger [guards] / actions then after``; ``sep`` goes between the event and the effect."""
+    text = "|".join(t.triggers)
+    conds = _conditions(t)
+    if conds:
+        text += f" [{' & '.join(conds)}]"
+    effect = ""
+    if t.actions:
+        effect = "/ " + ", ".join(t.actions)
+    if t.after:
+        effect = (effect + " " if effect else "/ ") + "then " + ", ".join(t.after)
+    return text + (sep + effect if effect else "")
+
+
+def _edges(spec: Spec) -> Iterable[tuple[str, Transition]]:
+    """(source, transition) pairs in file order: one drawn edge per pair."""
+    for t in spec.transitions:
+        for source in t.sources:
+            yield source, t
+
+
+def _state_lines(s: StateSpec) -> list[str]:
+    out = []
+    if s.enter:
+        out.append("entry / " + ", ".join(s.enter))
+    if s.exit:
+        out.append("exit / " + ", ".join(s.exit))
+    return out
+
+
+def _layout_hints(spec: Spec) -> list[str]:
+    """DOT statements that keep the outcomes on the bottom row.
+
+    Left to ``dot`` alone, a state reached both directly and through a detour (STOPPED) shares
+    the outcomes' row, and its edges' labels then sit on top of each other. An invisible edge
+    from each working state that has no transition into a final state pushes the finals below
+    it (states that do have one are above the finals already; more hints only widen the
+    drawing). They cannot make a cycle: final states have no outgoing transitions.
+    """
+    finals = [s.name for s in spec.states if s.final]
+    out = []
+    if finals:
+        out.append("    { rank=same; " + " ".join(_q(n) for n in finals) + " }")
+    for s in spec.states:
+        to_final = any(t.dest in finals for t in spec.outgoing(s.name))
+        if not s.final and not s.initial and not to_final:
+            for f in finals:
+                out.append(f"    {_q(s.name)} -> {_q(f)} [style=invis, weight=0];")
+    return out
+
+
+def _ordered_states(spec: Spec) -> list[StateSpec]:
+    # Initial first, final last: both backends place earlier declarations first when they can.
+    return sorted(spec.states, key=lambda s: (not s.initial, s.final))
+
+
+# --------------------------------------------------------------------------------------------
+# Mermaid
+
+
+def _mermaid_text(text: str) -> str:
+    # Mermaid ends a label at a newline, and ';' or '#' can start a statement or an entity.
+    return re.sub(r"[\n;#:]", " ", text).strip()
+
+
+def to_mermaid(spec: Spec, highlight: Highlight | None = None) -> str:
+    """The spec as a Mermaid ``stateDiagram-v2`` (renders on GitHub)."""
+    lines = ["---", f"title: {_mermaid_text(spec.name)}", "---", "stateDiagram-v2",
+             "    direction TB"]
+    lines += ["    classDef initial font-weight:bold,stroke-width:2px",
+              "    classDef final stroke-width:3px,font-weight:bold"]
+    if highlight is not None:
+        lines += ["    classDef visited fill:#fde9c9,stroke:#d97706",
+                  "    classDef ended fill:#d97706,color:#ffffff,stroke:#7c2d12,stroke-width:3px"]
+    for s in _ordered_states(spec):
+        for text in _state_lines(s):
+            lines.append(f"    {s.name} : {_mermaid_text(text)}")
+    lines.append(f"    [*] --> {spec.initial}")
+    for source, t in _edges(spec):
+        label = _mermaid_text(edge_label(t))
+        if highlight is not None:
+            n = highlight.counts.get((t.index, source), 0)
+            if n:
+                label += f" ✔ {n}×"
+        lines.append(f"    {source} --> {t.dest} : {label}")
+    if highlight is not None:
+        for (source, trigger, dest), (n, why) in sorted(highlight.extra.items()):
+            lines.append(f"    {source} --> {dest} : {_mermaid_text(f'{trigger} ({why})')} "
+                         f"✔ {n}×")
+    for s in _ordered_states(spec):
+        if s.final:
+            lines.append(f"    {s.name} --> [*]")
+    lines.append(f"    class {spec.initial} initial")
+    finals = [s.name for s in _ordered_states(spec) if s.final]
+    if finals:
+        lines.append(f"    class {','.join(finals)} final")
+    if highlight is not None:
+        visited = sorted(highlight.visited - {highlight.final or ""})
+        if visited:
+            lines.append(f"    class {','.join(visited)} visited")
+        if highlight.final:
+            lines.append(f"    class {highlight.final} ended")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Graphviz
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _html(text: str) -> str:
+    return (text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace('"', "&quot;"))
+
+
+def _wrap(text: str, width: int = 34) -> list[str]:
+    words, out, line = text.split(), [], ""
+    for w in words:
+        if line and len(line) + 1 + len(w) > width:
+            out.append(line)
+            line = w
+        else:
+            line = f"{line} {w}".strip()
+    if line:
+        out.append(line)
+    return out
+
+
+_FONT = "Helvetica"
+_TAKEN = "#c2410c"
+_IDLE = "#9ca3af"
+
+
+def to_dot(spec: Spec, highlight: Highlight | None = None) -> str:
+    """The spec as Graphviz DOT text (``dot`` layout, top to bottom)."""
+    title = f"<b>{_html(spec.name)}</b>"
+    if spec.path and spec.path != "<string>":
+        # The file name only: a committed diagram must not depend on where the checkout lives.
+        title += f'<br/><font point-size="9">{_html(os.path.basename(spec.path))}</font>'
+    if highlight is not None and highlight.note:
+        title += f'<br/><font point-size="10" color="#b91c1c">{_html(highlight.note)}</font>'
+    out = [
+        f"digraph {_q(spec.name)} {{",
+        f'    graph [rankdir=TB, fontname="{_FONT}", fontsize=16, labelloc=t, nodesep=0.5, '
+        f'ranksep=0.6, newrank=true, label=<{title}>];',
+        f'    node [shape=box, style="rounded,filled", fillcolor="#eef2ff", color="#3730a3", '
+        f'fontname="{_FONT}", fontsize=12, margin="0.15,0.08"];',
+        f'    edge [fontname="{_FONT}", fontsize=10, color="#374151", arrowsize=0.8];',
+        '    "__start" [shape=circle, style=filled, fillcolor=black, color=black, label="", '
+        "width=0.18, height=0.18, fixedsize=true];",
+    ]
+    for s in _ordered_states(spec):
+        parts = [f"<b>{_html(s.name)}</b>"]
+        tags = [w for w, on in (("initial", s.initial), ("final", s.final)) if on]
+        if tags:
+            parts.append(f'<font point-size="9"><i>{" · ".join(tags)} state</i></font>')
+        for text in _state_lines(s):
+            parts.append(f'<font point-size="10" color="#1e3a8a">{_html(text)}</font>')
+        for text in _wrap(s.description):
+            parts.append(f'<font point-size="9" color="#4b5563">{_html(text)}</font>')
+        attrs_ = [f"label=<{'<br/>'.join(parts)}>"]
+        if s.final:
+            attrs_ += ["peripheries=2", 'fillcolor="#ecfdf5"' if s.name == "SUCCEEDED"
+                       else 'fillcolor="#fef2f2"']
+        if highlight is not None:
+            if s.name == highlight.final:
+                attrs_ += [f'fillcolor="{_TAKEN}"', 'fontcolor="white"', "penwidth=3"]
+                parts_final = [p.replace('color="#1e3a8a"', 'color="white"')
+                               .replace('color="#4b5563"', 'color="white"') for p in parts]
+                parts_final.append('<font point-size="10"><b>ended here</b></font>')
+                attrs_[0] = f"label=<{'<br/>'.join(parts_final)}>"
+            elif s.name in highlight.visited:
+                attrs_ += ['color="#c2410c"', "penwidth=2"]
+            else:
+                attrs_ += [f'color="{_IDLE}"', f'fontcolor="{_IDLE}"']
+        out.append(f"    {_q(s.name)} [{', '.join(attrs_)}];")
+    out += _layout_hints(spec)
+    out.append(f"    \"__start\" -> {_q(spec.initial)};")
+    for source, t in _edges(spec):
+        label = edge_label(t, sep="\n")
+        eattrs: list[str] = []
+        if highlight is not None:
+            n = highlight.counts.get((t.index, source), 0)
+            if n:
+                label += f"\n✔ taken {n}×"
+                eattrs += [f'color="{_TAKEN}"', f'fontcolor="{_TAKEN}"', "penwidth=2.5"]
+            else:
+                eattrs += [f'color="{_IDLE}"', f'fontcolor="{_IDLE}"']
+        eattrs.insert(0, f"label={_q(label)}")
+        out.append(f"    {_q(source)} -> {_q(t.dest)} [{', '.join(eattrs)}];")
+    if highlight is not None:
+        for (source, trigger, dest), (n, why) in sorted(highlight.extra.items()):
+            label = f"{trigger}\n({why})\n✔ taken {n}×"
+            out.append(f"    {_q(source)} -> {_q(dest)} [label={_q(label)}, style=dashed, "
+                       f'color="#b91c1c", fontcolor="#b91c1c", penwidth=2];')
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def source_digest(dot: str) -> str:
+    """The digest an SVG carries of the DOT it was rendered from (for the staleness check)."""
+    return hashlib.sha256(dot.encode("utf-8")).hexdigest()
+
+
+def _graphviz(dot: str, fmt: str) -> bytes:
+    try:
+        import pygraphviz
+    except ImportError as e:
+        raise DiagramEngineMissing(
+            f"{fmt.upper()} output needs Graphviz through pygraphviz, which is not installed "
+            f"({e}); install it with: pip install 'fsm-agent[{EXTRA}]' (the pygraphviz wheel "
+            "bundles Graphviz), or ask for --format mermaid or dot"
+        ) from None
+    graph = pygraphviz.AGraph(string=dot)
+    data = graph.draw(format=fmt, prog="dot")
+    assert isinstance(data, bytes)
+    return data
+
+
+def render(
+    spec: Spec, fmt: str = "mermaid", highlight: Highlight | None = None
+) -> str | bytes:
+    """The spec's diagram: ``str`` for mermaid and dot, ``bytes`` for svg and png."""
+    if fmt == "mermaid":
+        return to_mermaid(spec, highlight)
+    if fmt == "dot":
+        return to_dot(spec, highlight)
+    if fmt in ("svg", "png"):
+        dot = to_dot(spec, highlight)
+        data = _graphviz(dot, fmt)
+        if fmt == "svg":
+            # The digest lets a test tell a stale SVG without Graphviz (whose version shows in
+            # the bytes) being installed.
+            mark = f"<!-- {SOURCE_MARK} {source_digest(dot)} -->\n".encode()
+            head, sep, rest = data.partition(b"?>\n")
+            data = head + sep + mark + rest if sep else mark + data
+        return data
+    raise ValueError(f"unknown diagram format {fmt!r} (formats: {', '.join(FORMATS)})")
+
+
+def svg_source_digest(svg: bytes | str) -> str | None:
+    """The DOT digest recorded in an SVG made by ``render``, or None."""
+    text = svg.decode("utf-8", "replace") if isinstance(svg, bytes) else svg
+    m = re.search(re.escape(SOURCE_MARK) + r" ([0-9a-f]{64})", text)
+    return m.group(1) if m else None
+
+
+def regenerate(
+    specs: Sequence[Spec], outdir: str, *, check: bool = False
+) -> list[str]:
+    """Write ``NAME.mmd`` and ``NAME.svg`` for every spec into ``outdir``.
+
+    With ``check``, write nothing and return the files that are missing or stale (the SVG is
+    compared by the digest of its DOT source, so the check does not need Graphviz). Without it,
+    return the files written.
+    """
+    touched: list[str] = []
+    for spec in specs:
+        mmd_path = os.path.join(outdir, f"{spec.name}.mmd")
+        svg_path = os.path.join(outdir, f"{spec.name}.svg")
+        mmd = to_mermaid(spec)
+        if check:
+            if _read(mmd_path) != mmd.encode("utf-8"):
+                touched.append(mmd_path)
+            old = _read(svg_path)
+            if old is None or svg_source_digest(old) != source_digest(to_dot(spec)):
+                touched.append(svg_path)
+            continue
+        svg = render(spec, "svg")
+        os.makedirs(outdir, exist_ok=True)
+        for path, data in ((mmd_path, mmd.encode("utf-8")), (svg_path, svg)):
+            assert isinstance(data, bytes)
+            if _read(path) != data:
+                with open(path, "wb") as f:
+                    f.write(data)
+                touched.append(path)
+    return touched
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None

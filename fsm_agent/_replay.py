@@ -1,0 +1,259 @@
+"""Replaying a recorded trace against a spec: is every step one the spec allows?
+
+Each record must leave the state the previous one entered, by a trigger the spec handles there;
+the spec's choice among the transitions on that trigger, made with the guard values the trace
+recorded (in the engine's order: file order, ``guards`` then ``unless``, first match wins), must
+be the transition the trace took; the actions must be the spec's, in the engine's order
+(transition actions, exit of the source, entry of the destination, ``after``); and the counters
+must move as ``consume_restart`` says. The first divergence is reported in plain words.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from ._spec import ALWAYS_TRIGGER, ERROR_STATE, OBSERVATION_TRIGGERS, START_TRIGGER, Spec
+from ._spec import TransitionSpec as Transition
+from ._trace import Trace, TraceRecord
+
+__all__ = ["Divergence", "ReplayResult", "choose_transition", "expected_actions", "replay"]
+
+_CONSUME = "consume_restart"
+
+
+@attrs.frozen
+class Divergence:
+    """Where a trace first departs from its spec, and how."""
+
+    line: int | None
+    step: int
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@attrs.frozen
+class ReplayResult:
+    """What replaying one lifecycle found. ``ok`` when it followed the spec to the end."""
+
+    spec: Spec
+    trace: Trace
+    checked: int
+    divergence: Divergence | None
+    # (transition index, source) -> times taken; transitions the spec does not have are absent.
+    edge_counts: Mapping[tuple[int, str], int]
+    final_state: str | None
+    # Moves that are no spec transition: (source, trigger, dest) -> (times, why). An action that
+    # raised moves the machine to UNKNOWN; a diverging step is the other kind.
+    extra_moves: Mapping[tuple[str, str, str], tuple[int, str]] = attrs.field(factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.divergence is None
+
+
+def _describe(t: Transition) -> str:
+    conds = [*t.guards, *(f"!{g}" for g in t.unless)]
+    return f"{t.dest}" + (f" [{' & '.join(conds)}]" if conds else "")
+
+
+def choose_transition(
+    candidates: Sequence[Transition], values: Mapping[str, bool]
+) -> tuple[Transition | None, list[str], str | None]:
+    """The transition the engine takes among ``candidates`` given the recorded guard ``values``.
+
+    Returns (transition or None, the guards the engine would have evaluated, in order, the first
+    guard it needed but ``values`` lacks, if any). Evaluation follows ``transitions``: each
+    candidate in file order, its ``guards`` then its ``unless``, stopping at the first that fails.
+    """
+    evaluated: list[str] = []
+    for t in candidates:
+        ok = True
+        for name, want in [*((g, True) for g in t.guards), *((g, False) for g in t.unless)]:
+            if name not in evaluated:
+                evaluated.append(name)
+            if name not in values:
+                return None, evaluated, name
+            if values[name] != want:
+                ok = False
+                break
+        if ok:
+            return t, evaluated, None
+    return None, evaluated, None
+
+
+def expected_actions(spec: Spec, t: Transition, source: str) -> list[tuple[str, str]]:
+    """(kind, name) of every action taking ``t`` from ``source`` runs, in the engine's order."""
+    out = [("action", a) for a in t.actions]
+    if t.dest != source:
+        # A transition back to its own state stays in it: no exit or entry actions.
+        out += [("exit", a) for a in spec.state(source).exit]
+        out += [("enter", a) for a in spec.state(t.dest).enter]
+    out += [("after", a) for a in t.after]
+    return out
+
+
+def _fmt_actions(items: Sequence[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} ({kind})" for kind, name in items) or "none"
+
+
+def _check_step(
+    spec: Spec,
+    rec: TraceRecord,
+    n: int,
+    state: str,
+    remaining: int | None,
+    restarts: int | None,
+) -> tuple[Transition | None, str | None]:
+    """Check one record; returns (the spec transition it took or None, divergence message)."""
+    where = f"step {n} (line {rec.line})"
+    move = f"{rec.source} --{rec.trigger}--> {rec.dest}"
+    if rec.source != state:
+        return None, (f"{where}: the trace leaves {rec.source}, but the machine is in {state} "
+                      f"(the previous step ended there)")
+    if rec.trigger in OBSERVATION_TRIGGERS and rec.data.get("observed") not in (None, ""):
+        observed = str(rec.data["observed"])
+        if observed.lower() != rec.trigger:
+            return None, (f"{where}: trigger {rec.trigger!r} does not match the observed state "
+                          f"{observed}")
+    candidates = spec.outgoing(rec.source, rec.trigger)
+    if not candidates:
+        handled = sorted({trig for trig, src, _, _ in spec.edges() if src == rec.source})
+        return None, (f"{where}: {move} is not allowed: spec {spec.name!r} has no transition on "
+                      f"{rec.trigger!r} from {rec.source} (it handles: "
+                      f"{', '.join(handled) or 'nothing'})")
+    recorded = rec.guards
+    values = dict(recorded)
+    options = "; ".join(_describe(t) for t in candidates)
+    chosen, evaluated, missing = choose_transition(candidates, values)
+    if missing is not None:
+        return None, (f"{where}: on {rec.trigger!r} from {rec.source} the spec needs guard "
+                      f"{missing!r}, but the trace recorded no value for it (recorded: "
+                      f"{', '.join(f'{k}={v}' for k, v in recorded) or 'none'})")
+    extra = [name for name, _ in recorded if name not in evaluated]
+    if extra:
+        return None, (f"{where}: the trace evaluated guard(s) {', '.join(extra)} that the spec "
+                      f"does not check on {rec.trigger!r} from {rec.source}")
+    if "has_restarts_left" in values and remaining is not None:
+        if values["has_restarts_left"] != (remaining > 0):
+            return None, (f"{where}: guard has_restarts_left was recorded "
+                          f"{values['has_restarts_left']}, but {remaining} restart(s) were left "
+                          "after the previous step")
+    failed_action = next((a for a in rec.actions if a.get("outcome") == "raised"), None)
+    if chosen is None:
+        if failed_action is not None and failed_action.get("kind") == "guard":
+            # A guard that raised aborts the step; the engine moves to UNKNOWN.
+            if rec.dest != ERROR_STATE:
+                return None, (f"{where}: guard {failed_action['name']!r} raised, so the machine "
+                              f"must move to {ERROR_STATE}, but the trace ends in {rec.dest}")
+            return None, None
+        vals = ", ".join(f"{k}={v}" for k, v in recorded) or "no guards"
+        return None, (f"{where}: with {vals} no transition on {rec.trigger!r} from "
+                      f"{rec.source} is enabled (the spec has: {options})")
+    want = expected_actions(spec, chosen, rec.source)
+    got = [(str(a.get("kind", "action")), str(a["name"])) for a in rec.actions
+           if a.get("kind") != "guard"]
+    if failed_action is not None:
+        # An action raised: the engine ran the spec's actions up to it, then stopped.
+        if got != want[: len(got)]:
+            return chosen, (f"{where}: {move} ran actions {_fmt_actions(got)}; the spec's "
+                            f"transition to {chosen.dest} (line {chosen.line}) runs "
+                            f"{_fmt_actions(want)}")
+        failed_kind = str(failed_action.get("kind", "action"))
+        adef = spec.vocabulary.actions.get(str(failed_action["name"]))
+        terminal = adef is not None and adef.terminal
+        if not terminal and rec.dest != ERROR_STATE:
+            return chosen, (f"{where}: {failed_kind} {failed_action['name']!r} raised, so the "
+                            f"machine must move to {ERROR_STATE}, but the trace ends in "
+                            f"{rec.dest}")
+        if terminal and rec.dest not in (chosen.dest, ERROR_STATE):
+            return chosen, (f"{where}: {move}: the spec goes to {chosen.dest} here")
+        return chosen, None
+    if rec.dest != chosen.dest:
+        vals = ", ".join(f"{k}={v}" for k, v in recorded) or "no guards"
+        return chosen, (f"{where}: {move} diverges from the spec: with {vals} the spec takes "
+                        f"{rec.source} --{rec.trigger}--> {chosen.dest} (line {chosen.line})")
+    if got != want:
+        return chosen, (f"{where}: {move} ran actions {_fmt_actions(got)}; the spec (line "
+                        f"{chosen.line}) runs {_fmt_actions(want)}")
+    consumed = sum(1 for kind, name in got if name == _CONSUME)
+    new_restarts = rec.data["restart_count"]
+    new_remaining = rec.data["remaining_restarts"]
+    if restarts is not None and new_restarts != restarts + consumed:
+        return chosen, (f"{where}: restart_count went from {restarts} to {new_restarts}, but the "
+                        f"step consumed {consumed} restart(s)")
+    if remaining is not None and new_remaining != remaining - consumed:
+        return chosen, (f"{where}: remaining_restarts went from {remaining} to {new_remaining}, "
+                        f"but the step consumed {consumed} restart(s)")
+    return chosen, None
+
+
+def replay(spec: Spec, trace: Trace) -> ReplayResult:
+    """Check ``trace`` (one lifecycle) against ``spec``; stops at the first divergence."""
+    counts: Counter[tuple[int, str]] = Counter()
+    extra: dict[tuple[str, str, str], tuple[int, str]] = {}
+    state = spec.initial
+    remaining: int | None = None
+    restarts: int | None = None
+    always_states = {src for trig, src, _, _ in spec.edges() if trig == ALWAYS_TRIGGER}
+    finished = False
+    checked = 0
+
+    def result(div: Divergence | None) -> ReplayResult:
+        return ReplayResult(spec, trace, checked, div, dict(counts),
+                            trace.records[checked - 1].dest if checked else None, dict(extra))
+
+    def add_extra(rec: TraceRecord, why: str) -> None:
+        key = (rec.source, rec.trigger, rec.dest or "?")
+        extra[key] = (extra.get(key, (0, why))[0] + 1, why)
+
+    if not trace.records:
+        return result(Divergence(trace.header_line, 0, "the trace has no steps"))
+    for n, rec in enumerate(trace.records, start=1):
+        where = f"step {n} (line {rec.line})"
+        if finished:
+            return result(Divergence(rec.line, n, f"{where}: the lifecycle had already finished "
+                                     f"in {state}, but the trace goes on ({rec.trigger!r})"))
+        if n == 1 and rec.trigger != START_TRIGGER:
+            return result(Divergence(rec.line, n, f"{where}: a lifecycle begins with "
+                                     f"{START_TRIGGER!r} from {spec.initial}, but the trace begins "
+                                     f"with {rec.trigger!r} from {rec.source}"))
+        if n > 1 and rec.trigger == START_TRIGGER:
+            return result(Divergence(rec.line, n, f"{where}: 'start' fired a second time"))
+        if state in always_states and rec.trigger != ALWAYS_TRIGGER:
+            return result(Divergence(rec.line, n, f"{where}: {state} is left at once by its "
+                                     f"'always' transitions, but the trace fires {rec.trigger!r}"))
+        chosen, problem = _check_step(spec, rec, n, state, remaining, restarts)
+        checked = n
+        if problem is not None:
+            add_extra(rec, "diverges from the spec")
+            return result(Divergence(rec.line, n, problem))
+        if chosen is not None and chosen.dest == rec.dest:
+            counts[(chosen.index, rec.source)] += 1
+        else:
+            raised = next((a for a in rec.actions if a.get("outcome") == "raised"), None)
+            add_extra(rec, f"{raised['name']} raised" if raised else "not in the spec")
+        state = rec.dest or state
+        remaining = int(rec.data["remaining_restarts"])
+        restarts = int(rec.data["restart_count"])
+        if rec.error is not None or state in spec.finals:
+            finished = True
+    return result(None)
+
+
+def summary(res: ReplayResult) -> str:
+    """A few lines saying what the lifecycle did, for ``fsm-agent replay``."""
+    path = [res.trace.records[0].source] if res.trace.records else []
+    path += [r.dest or "?" for r in res.trace.records[: res.checked]]
+    lines = [f"{res.checked} step(s): {' -> '.join(path)}"]
+    last = res.trace.records[res.checked - 1] if res.checked else None
+    if last is not None:
+        lines.append(f"restarts used: {last.data['restart_count']}, left: "
+                     f"{last.data['remaining_restarts']}")
+        if last.error:
+            lines.append(f"ended with: {last.error}")
+    return "\n".join(lines)
