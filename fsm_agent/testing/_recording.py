@@ -78,6 +78,26 @@ class RecordingDriver:
         if err is not None:
             raise err
 
+    def extend(
+        self,
+        results: Iterable[Any] = (),
+        *,
+        nodes_waiting: Iterable[int] = (),
+        barrier: Iterable[BaseException | None] = (),
+    ) -> None:
+        """Append to the script (for tests that decide each tick as they go)."""
+        start = len(self.calls)
+        self._results += [r if hasattr(r, "state") else make_result(r, tick=start + i)
+                          for i, r in enumerate(results)]
+        self._waiting += list(nodes_waiting)
+        self._barrier += list(barrier)
+
+    def clear_script(self) -> None:
+        """Drop every scripted answer not yet used."""
+        self._results.clear()
+        self._waiting.clear()
+        self._barrier.clear()
+
     @property
     def ticks_left(self) -> int:
         """Scripted monitor results not yet returned."""
