@@ -1,4 +1,4 @@
-"""Spec loading and validation: presets load, every rule rejects its broken spec at the right line."""
+"""Spec loading and validation: presets load; each rule rejects its broken spec at its line."""
 
 from __future__ import annotations
 
