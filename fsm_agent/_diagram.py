@@ -56,8 +56,9 @@ class Highlight:
     """The path a trace took, to draw on the spec's diagram.
 
     ``counts``: (transition index, source) -> times taken. ``extra``: moves the spec has no
-    transition for (an action raised, say), as (source, trigger, dest) -> (times, why). ``final``: the
-    state the trace ended in. ``note``: a line for the diagram's title (the divergence, if any).
+    transition for (an action raised, say), as (source, trigger, dest) -> (times, why).
+    ``final``: the state the trace ended in. ``note``: a line for the diagram's title (the
+    divergence, if any).
     """
 
     counts: Mapping[tuple[int, str], int] = attrs.field(factory=dict)
@@ -261,6 +262,8 @@ def to_dot(spec: Spec, highlight: Highlight | None = None) -> str:
                 attrs_ += ['color="#c2410c"', "penwidth=2"]
             else:
                 attrs_ += [f'color="{_IDLE}"', f'fontcolor="{_IDLE}"']
+                idle = [re.sub(r'color="#[0-9a-f]{6}"', f'color="{_IDLE}"', p) for p in parts]
+                attrs_[0] = f"label=<{'<br/>'.join(idle)}>"
         out.append(f"    {_q(s.name)} [{', '.join(attrs_)}];")
     out += _layout_hints(spec)
     out.append(f"    \"__start\" -> {_q(spec.initial)};")
@@ -292,7 +295,7 @@ def source_digest(dot: str) -> str:
 
 def _graphviz(dot: str, fmt: str) -> bytes:
     try:
-        import pygraphviz
+        import pygraphviz  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError as e:
         raise DiagramEngineMissing(
             f"{fmt.upper()} output needs Graphviz through pygraphviz, which is not installed "

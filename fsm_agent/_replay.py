@@ -105,6 +105,7 @@ def _check_step(
     spec: Spec,
     rec: TraceRecord,
     n: int,
+    *,
     state: str,
     remaining: int | None,
     restarts: int | None,
@@ -138,9 +139,12 @@ def _check_step(
     if extra:
         return None, (f"{where}: the trace evaluated guard(s) {', '.join(extra)} that the spec "
                       f"does not check on {rec.trigger!r} from {rec.source}")
-    if "has_restarts_left" in values and remaining is not None:
-        if values["has_restarts_left"] != (remaining > 0):
-            return None, (f"{where}: guard has_restarts_left was recorded "
+    if (
+        "has_restarts_left" in values
+        and remaining is not None
+        and values["has_restarts_left"] != (remaining > 0)
+    ):
+        return None, (f"{where}: guard has_restarts_left was recorded "
                           f"{values['has_restarts_left']}, but {remaining} restart(s) were left "
                           "after the previous step")
     failed_action = next((a for a in rec.actions if a.get("outcome") == "raised"), None)
@@ -227,7 +231,8 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
         if state in always_states and rec.trigger != ALWAYS_TRIGGER:
             return result(Divergence(rec.line, n, f"{where}: {state} is left at once by its "
                                      f"'always' transitions, but the trace fires {rec.trigger!r}"))
-        chosen, problem = _check_step(spec, rec, n, state, remaining, restarts)
+        chosen, problem = _check_step(spec, rec, n, state=state, remaining=remaining,
+                                      restarts=restarts)
         checked = n
         if problem is not None:
             add_extra(rec, "diverges from the spec")
@@ -245,12 +250,14 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
     return result(None)
 
 
-def summary(res: ReplayResult) -> str:
-    """A few lines saying what the lifecycle did, for ``fsm-agent replay``."""
+def summary(res: ReplayResult, steps: int | None = None) -> str:
+    """A few lines saying what the lifecycle did (in its first ``steps`` steps, default all
+    that were checked), for ``fsm-agent replay``."""
+    n = res.checked if steps is None else steps
     path = [res.trace.records[0].source] if res.trace.records else []
-    path += [r.dest or "?" for r in res.trace.records[: res.checked]]
-    lines = [f"{res.checked} step(s): {' -> '.join(path)}"]
-    last = res.trace.records[res.checked - 1] if res.checked else None
+    path += [r.dest or "?" for r in res.trace.records[:n]]
+    lines = [f"{n} step(s): {' -> '.join(path)}"]
+    last = res.trace.records[n - 1] if n else None
     if last is not None:
         lines.append(f"restarts used: {last.data['restart_count']}, left: "
                      f"{last.data['remaining_restarts']}")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -36,6 +36,8 @@ __all__ = [
     "Trace",
     "TraceError",
     "TraceRecord",
+    "TraceWriter",
+    "open_trace",
     "read_trace",
     "step_record",
 ]
@@ -124,7 +126,8 @@ class JsonlTraceWriter:
     ``target``: a path (opened for appending, so the traces of several lifecycles can share one
     file) or an open text file. ``spec``: the spec the lifecycle runs, named in the header so that
     ``fsm-agent replay`` needs no ``--spec``. ``static``: fields added to the header and to every
-    record, such as ``role`` or ``group_rank`` (the runner knows them, the engine does not).
+    record, such as ``node`` (the runner knows them, the engine does not). ``dynamic``: called
+    for every record, its fields added too: ``group_rank``, which a re-rendezvous may change.
 
     >>> import io
     >>> out = io.StringIO()
@@ -138,12 +141,14 @@ class JsonlTraceWriter:
         target: str | os.PathLike[str] | IO[str],
         *,
         spec: Spec | str | None = None,
+        dynamic: Callable[[], Mapping[str, Any]] | None = None,
         **static: Any,
     ) -> None:
         clash = sorted(set(static) & (_RESERVED - {"role"}))
         if clash:
             raise ValueError(f"static trace fields may not be named {', '.join(clash)}")
         self._static = {k: _jsonable(v) for k, v in static.items()}
+        self._dynamic = dynamic
         if isinstance(target, (str, os.PathLike)):
             self.path: str = os.fspath(target)
             # Line-buffered: every record reaches the OS when its newline is written.
@@ -174,7 +179,12 @@ class JsonlTraceWriter:
     def __call__(self, step: Step) -> None:
         """Write the record of ``step`` (the engine calls this after every transition)."""
         self._seq += 1
-        self._write(step_record(step, self._seq, self._static))
+        record = step_record(step, self._seq, self._static)
+        if self._dynamic is not None:
+            extra = {k: _jsonable(v) for k, v in self._dynamic().items()
+                     if k not in _RESERVED or k == "role"}
+            record.update(extra)
+        self._write(record)
 
     def close(self) -> None:
         """Close the file if this writer opened it."""
@@ -186,6 +196,21 @@ class JsonlTraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: The name ``fsm-agent run --trace`` looks up.
+TraceWriter = JsonlTraceWriter
+
+
+def open_trace(
+    path: str | os.PathLike[str],
+    *,
+    spec: Spec | str | None = None,
+    dynamic: Callable[[], Mapping[str, Any]] | None = None,
+    **static: Any,
+) -> JsonlTraceWriter:
+    """A ``JsonlTraceWriter`` appending to ``path``; close it when the lifecycle ends."""
+    return JsonlTraceWriter(path, spec=spec, dynamic=dynamic, **static)
 
 
 @attrs.frozen
@@ -277,8 +302,9 @@ def read_trace(path: str | os.PathLike[str]) -> list[Trace]:
                 data = json.loads(text)
             except json.JSONDecodeError as e:
                 if not complete:
-                    raise TraceError(shown, n, "the last record is cut short (no newline at the "
-                                     "end; the writer was probably killed while writing it)") from None
+                    raise TraceError(shown, n, "the last record is cut short (no newline at "
+                                     "the end; the writer was probably killed while writing "
+                                     "it)") from None
                 raise TraceError(shown, n, f"not valid JSON: {e.msg} at column {e.colno}") from None
             if not isinstance(data, dict):
                 raise TraceError(shown, n, f"expected a JSON object, got {type(data).__name__}")
