@@ -83,6 +83,9 @@ _CORE_TAGS = {
 
 PRESETS_DIR_ENV = "FSM_AGENT_SPECS"
 
+# libyaml's composer when PyYAML has it (ten times faster); both build the same inert nodes.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 @attrs.frozen
 class StateSpec:
@@ -306,11 +309,13 @@ class _Reader:
         self.path = path
         self.lines: dict[tuple[Any, ...], int] = {}
         self._count = 0
+        # Only ever given scalar nodes with core tags (checked first), so it builds str/int/bool.
+        self._constructor = yaml.constructor.SafeConstructor()  # type: ignore[no-untyped-call]
 
     def read(self, text: str) -> Any:
         try:
             # compose() builds nodes only; constructing them ourselves is what keeps tags inert.
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
+            node = yaml.compose(text, Loader=_LOADER)
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             line = mark.line + 1 if mark is not None else None
@@ -318,6 +323,13 @@ class _Reader:
             if e.context_mark is not None and mark is not e.context_mark:
                 msg += f" (the construct started on line {e.context_mark.line + 1})"
             raise SpecError.single(self.path, line, "", f"YAML syntax error: {msg}") from None
+        except yaml.reader.ReaderError as e:
+            # Raised for characters YAML forbids; it knows the offset, not the line.
+            line = text[: e.position].count("\n") + 1
+            raise SpecError.single(
+                self.path, line, "", f"character {_codepoint(e.character)} is not allowed in YAML "
+                f"({e.reason})"
+            ) from None
         except yaml.YAMLError as e:
             raise SpecError.single(self.path, None, "", f"YAML error: {e}") from None
         if node is None:
@@ -363,7 +375,7 @@ class _Reader:
         if isinstance(node, yaml.SequenceNode):
             return [self._build(item, (*where, i)) for i, item in enumerate(node.value)]
         assert isinstance(node, yaml.ScalarNode)
-        return yaml.SafeLoader("").construct_object(node)  # type: ignore[no-untyped-call]
+        return self._constructor.construct_object(node)  # type: ignore[no-untyped-call]
 
 
 def _element(where: Sequence[Any]) -> str:
@@ -805,6 +817,10 @@ class _Checker:
 
 def _fmt(assignment: Mapping[str, bool]) -> str:
     return ", ".join(f"{k}={'true' if v else 'false'}" for k, v in assignment.items()) or "always"
+
+
+def _codepoint(char: str | int) -> str:
+    return f"U+{char if isinstance(char, int) else ord(char):04X}"
 
 
 def _kind(value: Any) -> str:
