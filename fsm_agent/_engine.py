@@ -199,7 +199,11 @@ def compile_spec(spec: Spec) -> _Compiled:
         name=f"{spec.name}: ",
     )
     guards = {g: _wrap_guard(g, fn) for g, fn in vocab.guards.items()}
-    for trigger, source, dest, t in spec.edges():
+    # transitions tries a trigger's candidates in order. The spec guarantees at most one can be
+    # taken, so order cannot change behaviour; staying put first makes the commonest tick (healthy,
+    # nobody waiting) the first candidate instead of the second.
+    edges = sorted(spec.edges(), key=lambda e: e[1] != e[2])
+    for trigger, source, dest, t in edges:
         machine.add_transition(
             trigger,
             source,
@@ -236,7 +240,9 @@ class Lifecycle:
     are. Listeners receive a ``Step`` per transition.
     """
 
-    __slots__ = ("_compiled", "_ctx", "_done", "_listeners", "_result", "_started", "spec")
+    __slots__ = (
+        "_compiled", "_ctx", "_done", "_listeners", "_metrics", "_result", "_started", "spec"
+    )
 
     def __init__(
         self,
@@ -272,6 +278,8 @@ class Lifecycle:
             fatal_exceptions=tuple(fatal_exceptions),
         )
         self._listeners: tuple[Listener, ...] = tuple(listeners)
+        # Metric names per observed state, formatted on first use (the role is fixed).
+        self._metrics: dict[str, tuple[tuple[str, int | str], ...]] = {}
         self._started = False
         self._done = False
         self._result: Any = None
@@ -335,12 +343,17 @@ class Lifecycle:
         if not self._started:
             raise LifecycleError(f"[{ctx.role}] call start() before observe()")
         ctx.observed = result
-        observed = result.state.name
+        trigger = result.state.name.lower()
+        plan = self._metrics.get(trigger)
+        if plan is None:
+            plan = self._metrics[trigger] = tuple(
+                (m.name.format(role=ctx.role, observed=trigger), m.value)
+                for m in self.spec.metrics
+            )
         put = ctx.driver.put_metric
-        for metric in self.spec.metrics:
-            value = metric.value if isinstance(metric.value, int) else getattr(ctx, metric.value)
-            put(metric.name.format(role=ctx.role, observed=observed.lower()), value)
-        self._fire(observed.lower())
+        for name, value in plan:
+            put(name, value if isinstance(value, int) else getattr(ctx, value))
+        self._fire(trigger)
         return self.state
 
     def fire(self, trigger: str) -> WorkerState:
