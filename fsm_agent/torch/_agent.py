@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +19,8 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
 from fsm_agent.torch._driver import TorchDriver
+from fsm_agent.torch._fastpath import fast_rendezvous
+from fsm_agent.torch._wakeup import WorkerExitWaker
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import WorkerGroup
@@ -64,6 +65,8 @@ class LifecycleAgentMixin:
     _worker_group: WorkerGroup
     _remaining_restarts: int
     _exit_barrier_timeout: float
+    _fsm_exit_waker: WorkerExitWaker | None = None  # issue 6: created on first wait
+    _fsm_rendezvoused: bool = False  # issue 6: the first rendezvous keeps torch's start-up skew
 
     def __init__(
         self,
@@ -166,11 +169,33 @@ class LifecycleAgentMixin:
         return result
 
     def _monitor_wait(self, interval: float) -> None:
-        """Wait between two looks at the workers: ``monitor_interval``, as torch does."""
-        time.sleep(interval)
+        """Wait between two looks at the workers: ``monitor_interval``, or less if one exits.
+
+        The tick still comes every ``interval`` (health and membership checks); a worker's exit
+        ends the wait at once (``fsm_agent.torch._wakeup``, issue 6).
+        """
+        self._fsm_waker().wait(interval)
 
     def _on_workers_started(self) -> None:
         """Called after every start of the workers (first start and each restart)."""
+        # issue 6: watch the new workers' exits; agents without torch's _pcontext just tick.
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is not None:
+            self._fsm_waker().watch(pcontext)
+
+    def _fsm_waker(self) -> WorkerExitWaker:
+        # Created on first use, so subclasses whose __init__ runs first need nothing extra.
+        waker = self._fsm_exit_waker
+        if waker is None:
+            waker = self._fsm_exit_waker = WorkerExitWaker()
+        return waker
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        # issue 6: torch's rendezvous without its needless sleeps (fsm_agent.torch._fastpath).
+        first = not self._fsm_rendezvoused
+        self._fsm_rendezvoused = True
+        with fast_rendezvous(worker_group.spec.rdzv_handler, first=first):
+            super()._rendezvous(worker_group)  # type: ignore[misc]
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -180,6 +205,10 @@ class LifecycleAgentMixin:
             return super().run(role)  # type: ignore[misc, no-any-return]
         finally:
             self._fsm_driver.close()
+            waker = self._fsm_exit_waker  # issue 6
+            if waker is not None:
+                waker.close()
+                self._fsm_exit_waker = None
 
 
 class FSMElasticAgent(LifecycleAgentMixin, LocalElasticAgent):  # type: ignore[misc]

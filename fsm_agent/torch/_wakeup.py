@@ -44,13 +44,14 @@ read its return value, so the waker also watches each worker's return-value pipe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, Self
+from typing import Any
 
 __all__ = ["WorkerExitWaker", "available_backends", "default_backend"]
 
@@ -109,10 +110,8 @@ def _pcontext_targets(pcontext: Any) -> tuple[dict[int, int], dict[int, Any], di
         for rank, queue in (getattr(pcontext, "_ret_vals", None) or {}).items():
             reader = getattr(queue, "_reader", None)
             if reader is not None:
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     ret_fds[rank] = reader.fileno()
-                except (OSError, ValueError):
-                    pass
     return pids, handles, ret_fds
 
 
@@ -249,10 +248,9 @@ class WorkerExitWaker:
     def _nudge(self) -> None:
         if self._wake_w < 0:
             return
-        try:
+        # BlockingIOError: the pipe is full, so a wake-up is pending anyway
+        with contextlib.suppress(OSError):
             os.write(self._wake_w, b"\0")
-        except (BlockingIOError, OSError):
-            pass  # pipe full (a wake-up is already pending) or closed
 
     def wait(self, timeout: float) -> bool:
         """Sleep up to ``timeout`` seconds; return ``True`` early if a watched worker exited.
@@ -323,7 +321,7 @@ class WorkerExitWaker:
                 os.close(fd)
         self._wake_r = self._wake_w = -1
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> WorkerExitWaker:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,295 @@
+"""Agent benchmarks: fsm-agent and torchrun on the same worker script, alternately.
+
+Each function launches real agents (``bench/_probe.py``: the launcher's own ``main`` with timing
+probes) with tiny workers (``bench/workers/crash_restart.py``, no torch import), and returns raw
+samples; ``bench/run_all.py`` takes medians and ratios. All times are CLOCK_MONOTONIC, which
+every process on one Linux machine shares.
+
+Launchers: ``torchrun`` (torch's ``torch.distributed.run``) and ``fsm`` (``fsm-agent run``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+PROBE = BENCH / "_probe.py"
+WORKER = BENCH / "workers" / "crash_restart.py"
+LAUNCHERS = ("torchrun", "fsm")
+RUN_TIMEOUT = 120.0
+
+
+def launcher_argv(launcher: str) -> list[str]:
+    if launcher == "torchrun":
+        return [sys.executable, str(PROBE), "torchrun"]
+    if launcher == "fsm":
+        return [sys.executable, str(PROBE), "fsm-agent", "run", "--spec", "torchrun"]
+    raise ValueError(f"unknown launcher {launcher!r} (known: {', '.join(LAUNCHERS)})")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Run:
+    """One job: its agents' probe events and its workers' events."""
+
+    launcher: str
+    t_launch: float
+    returncodes: list[int]
+    events: list[dict[str, Any]]  # from every agent of the job
+    workers: list[tuple[str, int, int, float, int]]  # (kind, rank, attempt, t, pid)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def worker_times(self, kind: str, attempt: int | None = None) -> list[float]:
+        return [t for k, _r, a, t, _p in self.workers if k == kind and attempt in (None, a)]
+
+    def agent_events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["name"] == name]
+
+
+def _read_workers(path: Path) -> list[tuple[str, int, int, float, int]]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            kind, rank, attempt, t, pid = line.split()
+            out.append((kind, int(rank), int(attempt), float(t), int(pid)))
+    return out
+
+
+def _reap_workers(workers: Sequence[tuple[str, int, int, float, int]]) -> None:
+    # Workers run in their own sessions (torch starts them so): if an agent was killed, make sure
+    # none of its workers outlives the benchmark.
+    for _k, _r, _a, _t, pid in workers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="fsm-bench-") as d:
+        yield Path(d)
+
+
+def run_job(
+    launcher: str,
+    *,
+    nproc: int,
+    worker_args: Sequence[object],
+    max_restarts: int,
+    monitor_interval: float,
+    nnodes: int = 1,
+    on_running: Any = None,
+    timeout: float = RUN_TIMEOUT,
+) -> Run:
+    """Launch one job (``nnodes`` agents on loopback) and wait for it to end.
+
+    ``on_running(run_dir, pids)`` is called once every worker of the first attempt has started
+    (the CPU benchmark samples the agents then).
+    """
+    with _workdir() as wd:
+        worker_file = wd / "workers.txt"
+        env = {**os.environ, "BENCH_OUT": str(worker_file), "PYTHONUNBUFFERED": "1"}
+        env.pop("OMP_NUM_THREADS", None)
+        common = [
+            "--nproc-per-node", str(nproc),
+            "--max-restarts", str(max_restarts),
+            "--monitor-interval", str(monitor_interval),
+        ]
+        if nnodes == 1:
+            topology = ["--standalone"]
+        else:
+            port = free_port()
+            topology = [
+                "--nnodes", str(nnodes),
+                "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{port}",
+                "--rdzv-id", f"bench-{port}",
+            ]
+        procs: list[subprocess.Popen[bytes]] = []
+        logs = []
+        t_launch = time.monotonic()
+        for node in range(nnodes):
+            log = open(wd / f"agent{node}.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            node_env = {**env, "BENCH_EVENTS": str(wd / f"events{node}.jsonl")}
+            argv = [
+                *launcher_argv(launcher), *topology, *common,
+                str(WORKER), *[str(a) for a in worker_args],
+            ]
+            procs.append(
+                subprocess.Popen(argv, env=node_env, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=ROOT, start_new_session=True)
+            )
+        try:
+            if on_running is not None:
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    started = [w for w in _read_workers(worker_file) if w[0] == "start"]
+                    if len(started) >= nproc * nnodes:
+                        on_running(wd, [p.pid for p in procs])
+                        break
+                    if all(p.poll() is not None for p in procs):
+                        break
+                    time.sleep(0.05)
+            deadline = time.monotonic() + timeout
+            for p in procs:
+                try:
+                    p.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    p.send_signal(signal.SIGTERM)
+                    try:
+                        p.wait(10)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(p.pid, signal.SIGKILL)
+                        p.wait()
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+            for log in logs:
+                log.close()
+            workers = _read_workers(worker_file)
+            _reap_workers(workers)
+        events: list[dict[str, Any]] = []
+        for node in range(nnodes):
+            path = wd / f"events{node}.jsonl"
+            if path.exists():
+                events += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        run = Run(launcher, t_launch, [p.returncode for p in procs], events, workers)
+        if not workers or not events:
+            tail = b"".join((wd / f"agent{n}.log").read_bytes()[-3000:] for n in range(nnodes))
+            raise RuntimeError(
+                f"{launcher} job produced no {'worker' if not workers else 'agent'} events; "
+                f"agent log tail:\n{tail.decode(errors='replace')}"
+            )
+        run.extra["log_tail"] = (wd / "agent0.log").read_bytes()[-2000:].decode(errors="replace")
+        return run
+
+
+# -- measures ------------------------------------------------------------------------------------
+
+
+def detection(launcher: str, interval: float, crashes: int) -> list[float]:
+    """Worker exit -> the agent's FAILED observation, seconds; ``crashes`` samples from one job."""
+    run = run_job(
+        launcher, nproc=2, worker_args=[crashes, 1, 0.3, 0.1],
+        max_restarts=crashes - 1, monitor_interval=interval,
+    )
+    failed = sorted(e["t1"] for e in run.agent_events("observe") if e.get("state") == "FAILED")
+    samples = []
+    for attempt in range(crashes):
+        crash = run.worker_times("crash", attempt)
+        after = [t for t in failed if crash and t >= crash[0]]
+        if crash and after:
+            samples.append(after[0] - crash[0])
+    return samples
+
+
+def _schedstat_ns(pid: int) -> int:
+    """CPU time of every live thread of ``pid`` (ns; not its children)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total
+
+
+def agent_cpu(launcher: str, seconds: float, interval: float) -> float:
+    """Agent CPU (fraction of one core) while 4 workers sleep ``seconds``."""
+    box: dict[str, float] = {}
+
+    def sample(_wd: Path, pids: list[int]) -> None:
+        time.sleep(0.5)
+        c0, t0 = _schedstat_ns(pids[0]), time.monotonic()
+        time.sleep(max(seconds - 1.5, 0.5))
+        c1, t1 = _schedstat_ns(pids[0]), time.monotonic()
+        box["cpu"] = (c1 - c0) / 1e9 / (t1 - t0)
+
+    run_job(
+        launcher, nproc=4, worker_args=[0, 0, 0, seconds], max_restarts=0,
+        monitor_interval=interval, on_running=sample,
+    )
+    return box["cpu"]
+
+
+def restart(launcher: str, nproc: int, restarts: int, interval: float = 0.1,
+            nnodes: int = 1) -> tuple[list[float], list[dict[str, float]], Run]:
+    """Crash -> every restarted worker running user code (s), one sample per restart.
+
+    Also returns where each restart's time went, from the probes of the agent whose worker
+    crashed (the first agent when there are several).
+    """
+    run = run_job(
+        launcher, nproc=nproc, worker_args=[restarts, 0, 0.4, 0.3, 0.0 if nnodes == 1 else 0.15],
+        max_restarts=restarts, monitor_interval=interval, nnodes=nnodes,
+    )
+    samples, phases = [], []
+    for attempt in range(1, restarts + 1):
+        crash = run.worker_times("crash", attempt - 1)
+        starts = run.worker_times("start", attempt)
+        if not crash or len(starts) < nproc * nnodes:
+            continue
+        t_crash, t_all = crash[0], max(starts)
+        samples.append(t_all - t_crash)
+        # the crashing worker's agent: the one whose observe(FAILED) follows the crash first
+        failed = sorted(
+            (e for e in run.agent_events("observe") if e.get("state") == "FAILED"
+             and e["t1"] >= t_crash), key=lambda e: e["t1"],
+        )
+        if not failed:
+            continue
+        pid = failed[0]["pid"]
+        mine = [e for e in run.events if e["pid"] == pid and e["t0"] >= t_crash - 0.001]
+
+        def first(name: str, mine: list[dict[str, Any]] = mine) -> dict[str, Any] | None:
+            return next((e for e in mine if e["name"] == name), None)
+
+        rdzv, start = first("rendezvous"), first("start_workers")
+        if rdzv is None or start is None:
+            continue
+        in_rdzv = [e for e in mine if rdzv["t0"] <= e["t0"] and e["t1"] <= rdzv["t1"]]
+        phases.append({
+            "detect": failed[0]["t1"] - t_crash,
+            "stop": rdzv["t0"] - failed[0]["t1"],
+            "rendezvous": rdzv["t1"] - rdzv["t0"],
+            "rdzv_sleeps": sum(e["t1"] - e["t0"] for e in in_rdzv if e["name"] == "rdzv_delay"),
+            "rdzv_store_ops": float(sum(1 for e in in_rdzv if e["name"].startswith("store_"))),
+            "start_workers": start["t1"] - start["t0"],
+            "to_user_code": t_all - start["t1"],
+            "total": t_all - t_crash,
+        })
+    return samples, phases, run
+
+
+def exit_barrier_release(run: Run) -> float | None:
+    """From the last agent's arrival at the exit barrier to the last agent leaving it (s)."""
+    barriers = run.agent_events("exit_barrier")
+    if len(barriers) < 2:
+        return None
+    return max(e["t1"] for e in barriers) - max(e["t0"] for e in barriers)
+
+
+def startup(run: Run, nproc: int) -> float | None:
+    """Launch -> every first-attempt worker running user code (s)."""
+    starts = run.worker_times("start", 0)
+    if len(starts) < nproc:
+        return None
+    return max(starts) - run.t_launch
