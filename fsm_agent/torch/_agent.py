@@ -123,7 +123,24 @@ class LifecycleAgentMixin:
         # (observed state, STOPPED during a restart, HEALTHY after a start, FAILED on giving up).
         if step.dest is not None:
             self._worker_group.state = WorkerState[step.dest]
+        counted = step.remaining_restarts < self._remaining_restarts
         self._remaining_restarts = step.remaining_restarts
+        if step.dest == "STOPPED" and step.error is None:
+            role = self._worker_group.spec.role
+            if counted:
+                logger.warning(
+                    "[%s] worker group %s; restart %d of %d (stop, rendezvous, start)",
+                    role,
+                    step.observed,
+                    step.restart_count,
+                    self._worker_group.spec.max_restarts,
+                )
+            else:
+                logger.warning(
+                    "[%s] nodes waiting to join; restarting the worker group "
+                    "(membership change, not counted against max_restarts)",
+                    role,
+                )
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         spec = self._worker_group.spec

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -91,6 +90,8 @@ class TorchDriver:
         self.sync_counters()
         group = self.worker_group
         logger.info("[%s] Rendezvous'ing worker group", group.spec.role)
+        if self.isolation is not None:
+            self.isolation.before_rendezvous(group)
         self.agent._rendezvous(group)
         if self.isolation is not None:
             restart_count = group.spec.max_restarts - self.agent._remaining_restarts
@@ -144,13 +145,6 @@ class TorchDriver:
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 
         group = self.worker_group
-        logger.info(
-            "[%s] Local worker group finished (%s). Waiting %s seconds for other agents to finish",
-            group.spec.role,
-            group.state,
-            timeout,
-        )
-        start = time.monotonic()
         # LocalElasticAgent's health check reports "alive" while this flag is set.
         self.agent._in_exit_barrier = True
         try:
@@ -162,11 +156,6 @@ class TorchDriver:
             )
         finally:
             self.agent._in_exit_barrier = False
-        logger.info(
-            "[%s] Done waiting for other agents. Elapsed: %.3f seconds",
-            group.spec.role,
-            time.monotonic() - start,
-        )
 
     def put_metric(self, name: str, value: int) -> None:
         """Publish through torch's metrics API (group ``torchelastic``, as torch's agent)."""

@@ -13,13 +13,27 @@ every retry", but it is a new *client* of the same server. Key prefixes keyed on
 ``TORCHELASTIC_RESTART_COUNT`` would not fix it: that count is per agent and differs between an
 old node and one that joined later (membership changes do not count as restarts).
 
+A second defect of the same cache: the handler builds MASTER_ADDR/MASTER_PORT once and stores
+them in round 0's key space only. After a membership change an agent that joins in round N>0
+(its own cache empty) waits for ``torch.rendezvous.<run_id>.N/MASTER_ADDR``, which the old rank
+0 (cache full) never writes: the joiner times out after 60 s and the job cannot grow.
+
 Fix: the one thing that is the same for every agent of an attempt is the rendezvous round, and
-the agent store handed out by ``next_rendezvous`` is already prefixed with it. For each round the
-group-rank-0 agent starts a brand-new ``TCPStore`` server on an OS-chosen port and publishes its
-address under a key of that round-prefixed store; every agent reads it and gives its workers
-that address as MASTER_ADDR/MASTER_PORT. Workers of one attempt can only ever see keys written by
-workers of the same attempt, and the store still outlives the workers (the reason torch started
-sharing it, pytorch PR 128096). The previous round's server is dropped once the new one exists.
+the agent store handed out by ``next_rendezvous`` is already prefixed with it. So the workers'
+store is made per round:
+
+- c10d/etcd-v2 (``DynamicRendezvousHandler``): before every rendezvous the handler's cached
+  bootstrap info and shared server are dropped. torch's own code then does the right thing each
+  round: the round's rank 0 starts a new ``TCPStore`` server on an OS-chosen port and publishes
+  it under the round-prefixed keys, every other agent reads it there.
+- any other handler that shares its store (``use_agent_store``, e.g. ``static``): after the
+  rendezvous the group-rank-0 agent starts a new server itself and publishes its address under
+  ``fsm_agent/worker_store`` in the agent store (with the restart count for ``static``, whose
+  store has no round prefix and whose membership never changes).
+
+Workers of one attempt can only ever see keys written by workers of the same attempt, and the
+store still outlives the workers (the reason torch started sharing it, pytorch PR 128096). The
+previous round's server is dropped when the next round starts, after its workers were stopped.
 """
 
 from __future__ import annotations
@@ -40,8 +54,9 @@ _KEY = "fsm_agent/worker_store"
 class WorkerStoreIsolation:
     """Hands each rendezvous round's workers their own, empty ``TCPStore``.
 
-    ``apply(worker_group, restart_count)`` is called after every rendezvous; it rewrites
-    ``worker_group.master_addr``/``master_port``. ``close()`` drops the server this agent hosts.
+    ``before_rendezvous(worker_group)`` and ``apply(worker_group, restart_count)`` bracket every
+    rendezvous; ``apply`` may rewrite ``worker_group.master_addr``/``master_port``. ``close()``
+    drops the server this agent hosts.
     """
 
     def __init__(self) -> None:
@@ -53,9 +68,28 @@ class WorkerStoreIsolation:
         """Whether workers share the agent's store (otherwise they host a fresh one per round)."""
         return bool(getattr(worker_group.spec.rdzv_handler, "use_agent_store", False))
 
+    @staticmethod
+    def _per_round_handler(handler: Any) -> bool:
+        # DynamicRendezvousHandler (c10d, etcd-v2) caches these two across rounds; clearing them
+        # makes its next_rendezvous build a fresh server and bootstrap info for the new round.
+        return hasattr(handler, "_bootstrap_store_info") and hasattr(
+            handler, "_shared_tcp_store_server"
+        )
+
+    def before_rendezvous(self, worker_group: WorkerGroup) -> None:
+        """Make the handler build the next round's worker store afresh."""
+        handler = worker_group.spec.rdzv_handler
+        if self.needed(worker_group) and self._per_round_handler(handler):
+            handler._bootstrap_store_info = None
+            handler._shared_tcp_store_server = None  # last reference: the old server stops
+
     def apply(self, worker_group: WorkerGroup, restart_count: int) -> None:
         """Point the workers of the round just joined at a store no earlier attempt has used."""
         if not self.needed(worker_group):
+            return
+        handler = worker_group.spec.rdzv_handler
+        if self._per_round_handler(handler):
+            self.rounds += 1  # torch's handler built this round's server (before_rendezvous)
             return
         import torch.distributed as dist
 
@@ -63,7 +97,7 @@ class WorkerStoreIsolation:
         if store is None:
             raise RuntimeError("rendezvous did not set the worker group's store")
         key = _KEY
-        if worker_group.spec.rdzv_handler.get_backend() == "static":
+        if handler.get_backend() == "static":
             # The static handler's store has no round prefix; its membership never changes, so
             # the restart count is the same on every node and can stand in for the round.
             key = f"{_KEY}/{restart_count}"

@@ -1,0 +1,78 @@
+"""Test worker (no torch import, so it starts fast): records its environment, then behaves as told.
+
+Environment read (besides torch's):
+  OUT_DIR          where to write ``attempt{TORCHELASTIC_RESTART_COUNT}_rank{RANK}.json`` (the
+                   worker's elastic environment plus pid and finish time)
+  FAIL_RANKS       comma-separated global ranks that exit with FAIL_CODE ...
+  FAIL_ATTEMPTS    ... on these restart counts ("all" = every attempt; default "all")
+  FAIL_CODE        exit code of a failing rank (default 1)
+  SLEEP            seconds to sleep before finishing (default 0)
+  SLEEP_GROUP_RANK only sleep on this group rank (default: every rank sleeps)
+  UNTIL_WORLD_SIZE sleep forever unless WORLD_SIZE equals it (membership-change tests)
+  SPAWN_CHILD      "1": start a sleeping child process and record its pid (signal tests)
+  PROBE_STORE      "1": connect to the workers' store (MASTER_ADDR:MASTER_PORT, as
+                   init_process_group does), record whether an earlier attempt's key is visible,
+                   then write this attempt's key
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+KEYS = (
+    "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
+)
+
+
+def main() -> int:
+    env = os.environ
+    rank = int(env["RANK"])
+    attempt = int(env["TORCHELASTIC_RESTART_COUNT"])
+    out = os.path.join(env["OUT_DIR"], f"attempt{attempt}_rank{rank}_ws{env['WORLD_SIZE']}.json")
+    record = {k: env.get(k) for k in KEYS}
+    record["pid"] = os.getpid()
+    if env.get("SPAWN_CHILD") == "1":
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        record["child_pid"] = child.pid
+
+    def write(**extra: object) -> None:
+        record.update(extra)
+        tmp = out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, out)
+
+    if env.get("PROBE_STORE") == "1":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=20))
+        earlier = [f"probe/{a}" for a in range(attempt)]
+        record["saw_earlier_attempt"] = any(store.check([k]) for k in earlier)
+        store.set(f"probe/{attempt}", str(os.getpid()))
+    write(started=time.time())
+    until = env.get("UNTIL_WORLD_SIZE")
+    if until and env["WORLD_SIZE"] != until:
+        time.sleep(600)
+    fail_ranks = {int(r) for r in env.get("FAIL_RANKS", "").split(",") if r}
+    attempts = env.get("FAIL_ATTEMPTS", "all")
+    fails_now = attempts == "all" or str(attempt) in attempts.split(",")
+    if rank in fail_ranks and fails_now:
+        write(finished=time.time(), exit=int(env.get("FAIL_CODE", "1")))
+        return int(env.get("FAIL_CODE", "1"))
+    sleep_group = env.get("SLEEP_GROUP_RANK")
+    if sleep_group is None or sleep_group == env["GROUP_RANK"]:
+        time.sleep(float(env.get("SLEEP", "0")))
+    write(finished=time.time(), exit=0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""``fsm-agent run`` with real agents, workers, c10d rendezvous and gloo on loopback."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    ENV_WORKER,
+    EXAMPLES,
+    FAST,
+    RECORD_WORKER,
+    Jobs,
+    alive,
+    free_port,
+    summary,
+)
+
+STANDALONE = ["--standalone", "--nproc-per-node", "2", *FAST]
+
+
+@pytest.mark.timeout(60)
+def test_success_sets_worker_env_and_runs_the_barrier_once(jobs: Jobs) -> None:
+    job = jobs.start([*STANDALONE, "--max-restarts", "2", "--role", "trainer"], ENV_WORKER)
+    assert job.wait(50) == 0, job.output
+    recs = job.records()
+    assert len(recs) == 2
+    assert sorted(r["RANK"] for r in recs) == ["0", "1"]
+    for r in recs:
+        assert r["LOCAL_RANK"] == r["RANK"]
+        assert r["ROLE_RANK"] == r["RANK"]
+        assert r["WORLD_SIZE"] == r["LOCAL_WORLD_SIZE"] == r["ROLE_WORLD_SIZE"] == "2"
+        assert r["GROUP_RANK"] == "0" and r["GROUP_WORLD_SIZE"] == "1"
+        assert r["ROLE_NAME"] == "trainer"
+        assert r["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert r["TORCHELASTIC_MAX_RESTARTS"] == "2"
+        assert r["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert r["MASTER_ADDR"] and int(str(r["MASTER_PORT"])) > 0
+    assert len({r["TORCHELASTIC_RUN_ID"] for r in recs}) == 1
+    assert len({(r["MASTER_ADDR"], r["MASTER_PORT"]) for r in recs}) == 1
+    assert job.barrier_count() == 1, job.output
+
+
+@pytest.mark.timeout(60)
+def test_fail_once_then_recover_sees_restart_count_1(jobs: Jobs) -> None:
+    env = {"FAIL_RANKS": "1", "FAIL_ATTEMPTS": "0", "FAIL_CODE": "4", "PROBE_STORE": "1"}
+    job = jobs.start([*STANDALONE, "--max-restarts", "1"], ENV_WORKER, env=env)
+    assert job.wait(50) == 0, job.output
+    by_attempt: dict[str, list[dict[str, object]]] = {}
+    for r in job.records():
+        by_attempt.setdefault(str(r["TORCHELASTIC_RESTART_COUNT"]), []).append(r)
+    assert sorted(by_attempt) == ["0", "1"]
+    assert [r["exit"] for r in by_attempt["0"] if r["RANK"] == "1"] == [4]
+    assert sorted(r["RANK"] for r in by_attempt["1"]) == ["0", "1"]
+    assert all(r["exit"] == 0 for r in by_attempt["1"])
+    # The restart-isolation fix: the second attempt's workers see none of the keys the first
+    # attempt's workers wrote to their store (torch's shared store would show them).
+    assert [r["saw_earlier_attempt"] for r in by_attempt["1"]] == [False, False]
+    assert job.barrier_count() == 1
+
+
+@pytest.mark.timeout(90)
+def test_gloo_job_failing_once_recovers(jobs: Jobs) -> None:
+    """The example that torchrun's shared store breaks: gloo must reconnect after the restart."""
+    job = jobs.start([*STANDALONE, "--max-restarts", "1"], EXAMPLES / "fail_once.py")
+    assert job.wait(80) == 0, job.output
+    out = job.output
+    assert "[rank 1] attempt 0: failing on purpose" in out
+    assert "[rank 0] attempt 1: done" in out and "[rank 1] attempt 1: done" in out
+    assert "connectFullMesh failed" not in out
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("preset", "barriers"), [("torchelastic", 1), ("torchrun", 0)])
+def test_restarts_exhausted_names_the_root_cause(jobs: Jobs, preset: str, barriers: int) -> None:
+    env = {"FAIL_RANK": "1", "MESSAGE": f"boom-{preset}"}
+    job = jobs.start([*STANDALONE, "--max-restarts", "1", "--spec", preset], RECORD_WORKER,
+                     env=env)
+    assert job.wait(80) == 1, job.output
+    s = summary(job.output)
+    assert s, job.output
+    root = s["root"]
+    assert isinstance(root, dict)
+    assert root["rank"] == "1" and root["exitcode"] == "1"
+    error_file = Path(root["error_file"])
+    assert error_file.is_file(), root
+    assert f"boom-{preset}" in json.loads(error_file.read_text())["message"]["message"]
+    assert job.output.rstrip().endswith("=" * 60)  # the summary ends the output: no traceback
+    # The run never succeeds: torchelastic waits at the barrier on giving up, torchrun does not.
+    assert job.barrier_count() == barriers, job.output
+
+
+@pytest.mark.timeout(90)
+def test_two_agents_wait_for_each_other_at_the_exit_barrier(jobs: Jobs) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", "two-agents", *FAST]
+    env = {"SLEEP": "4", "SLEEP_GROUP_RANK": "1"}
+    a = jobs.start(args, ENV_WORKER, env=env, name="a")
+    b = jobs.start(args, ENV_WORKER, env=env, name="b")
+    deadline = time.monotonic() + 80
+    while (a.poll() is None or b.poll() is None) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert a.wait(1) == 0, a.output
+    assert b.wait(1) == 0, b.output
+    rec = {j: j.records() for j in (a, b)}
+    fast, slow = sorted((a, b), key=lambda j: rec[j][0]["GROUP_RANK"])  # type: ignore[index]
+    assert rec[fast][0]["GROUP_RANK"] == "0" and rec[slow][0]["GROUP_RANK"] == "1"
+    fast_done = float(rec[fast][0]["finished"])  # type: ignore[arg-type]
+    slow_done = float(rec[slow][0]["finished"])  # type: ignore[arg-type]
+    assert slow_done - fast_done > 3.0  # the premise: one group finished well before the other
+    assert fast.ended_at is not None and slow.ended_at is not None
+    assert abs(fast.ended_at - slow.ended_at) < 1.0
+    assert fast.barrier_count() == slow.barrier_count() == 1
+
+
+@pytest.mark.timeout(120)
+def test_membership_change_restarts_without_consuming_restarts(jobs: Jobs) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    # max_restarts=0: a restart counted against it would end the job with a failure.
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", "grow", "--max-restarts", "0",
+            "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2"]
+    env = {"UNTIL_WORLD_SIZE": "2"}
+    first = jobs.start(args, ENV_WORKER, env=env, name="first")
+    [alone] = first.wait_for_records(1, 60)
+    assert alone["WORLD_SIZE"] == "1"
+    second = jobs.start(args, ENV_WORKER, env=env, name="second")
+    assert first.wait(80) == 0, first.output
+    assert second.wait(20) == 0, second.output
+    recs = first.records()
+    assert [r["WORLD_SIZE"] for r in recs] == ["1", "2"]
+    assert all(r["TORCHELASTIC_RESTART_COUNT"] == "0" for r in recs)
+    [joined] = second.records()
+    assert joined["WORLD_SIZE"] == "2" and joined["TORCHELASTIC_RESTART_COUNT"] == "0"
+    assert not alive(int(alone["pid"]))  # type: ignore[call-overload]
+    assert "membership change, not counted" in first.output
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_every_worker_and_child(jobs: Jobs, sig: signal.Signals) -> None:
+    env = {"SLEEP": "120", "SPAWN_CHILD": "1"}
+    job = jobs.start([*STANDALONE, "--shutdown-timeout", "5"], ENV_WORKER, env=env)
+    recs = job.wait_for_records(2, 40)
+    pids = [int(r[k]) for r in recs for k in ("pid", "child_pid")]  # type: ignore[call-overload]
+    assert all(alive(p) for p in pids)
+    job.proc.send_signal(sig)
+    rc = job.wait(15)
+    assert rc == 128 + sig, job.output
+    assert f"received {sig.name}" in job.output
+    deadline = time.monotonic() + 5
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if alive(p)]
