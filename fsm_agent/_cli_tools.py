@@ -89,7 +89,8 @@ def _spec_for_trace(trace_path: str, traces: Sequence[Trace], given: str | None)
         return _load(spec_path, f"{trace_path}: header spec_path")
     if first.spec_name:
         return _load(first.spec_name, f"{trace_path}: header spec")
-    raise _Fail(f"{trace_path}: the trace does not name its spec (no header); pass --spec SPEC")
+    raise _Fail(f"{trace_path}: the trace does not name its spec (it was recorded without "
+                "one); pass --spec SPEC")
 
 
 # --------------------------------------------------------------------------------------------

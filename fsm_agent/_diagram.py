@@ -226,6 +226,9 @@ def to_dot(spec: Spec, highlight: Highlight | None = None) -> str:
     if spec.path and spec.path != "<string>":
         # The file name only: a committed diagram must not depend on where the checkout lives.
         title += f'<br/><font point-size="9">{_html(os.path.basename(spec.path))}</font>'
+    title += ('<br/><font point-size="9" color="#4b5563">edges: trigger [guard &amp; !unless] '
+              "/ actions, then after-actions · always: taken on entering the state · "
+              "double border: final state</font>")
     if highlight is not None and highlight.note:
         title += f'<br/><font point-size="10" color="#b91c1c">{_html(highlight.note)}</font>'
     out = [

@@ -1,0 +1,203 @@
+"""The JSON Lines trace: what the writer records per transition, and how the reader fails."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fsm_agent import Lifecycle
+from fsm_agent._trace import JsonlTraceWriter, TraceError, open_trace, read_trace
+from fsm_agent.testing import RecordingDriver
+
+from ._helpers import DATA, lines, run_traced, write_lines
+
+
+def test_one_record_per_transition_with_every_field(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    run_traced(path, "torchelastic", ["HEALTHY", "FAILED", "SUCCEEDED"], max_restarts=1)
+    header, *steps = lines(path)
+    assert header["kind"] == "header"
+    assert header["spec"] == "torchelastic"
+    assert header["group_rank"] == 0
+    # start; healthy (stay); failed -> STOPPED; always -> HEALTHY; succeeded -> SUCCEEDED
+    assert [(s["source"], s["trigger"], s["dest"]) for s in steps] == [
+        ("INIT", "start", "HEALTHY"),
+        ("HEALTHY", "healthy", "HEALTHY"),
+        ("HEALTHY", "failed", "STOPPED"),
+        ("STOPPED", "always", "HEALTHY"),
+        ("HEALTHY", "succeeded", "SUCCEEDED"),
+    ]
+    assert [s["seq"] for s in steps] == [1, 2, 3, 4, 5]
+    assert all(s["group_rank"] == 0 and s["role"] == "default" for s in steps)
+    failed = steps[2]
+    assert failed["guards"] == [{"name": "has_restarts_left", "value": True}]
+    assert [(a["name"], a["kind"], a["outcome"]) for a in failed["actions"]] == [
+        ("consume_restart", "action", "ok"), ("stop_workers", "action", "ok")]
+    assert all(a["duration_s"] >= 0 for a in failed["actions"])
+    assert (failed["remaining_restarts"], failed["restart_count"]) == (0, 1)
+    assert failed["observed"] == "FAILED"
+    # RecordingDriver's FAILED result carries torch's ProcessFailure for rank 0, exit code 1.
+    assert failed["failures"]["0"]["exitcode"] == 1
+    assert steps[1]["guards"] == [{"name": "nodes_waiting", "value": False}]
+    assert steps[-1]["actions"][0]["name"] == "exit_barrier"
+    assert steps[-1]["actions"][0]["kind"] == "enter"
+    walls = [s["wall_time"] for s in steps]
+    monos = [s["monotonic_time"] for s in steps]
+    assert walls == sorted(walls) and monos == sorted(monos)
+
+
+def test_each_record_is_on_disk_when_the_next_transition_starts(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    seen: list[int] = []
+
+    writer = JsonlTraceWriter(path, spec="torchrun")
+
+    def reader(step: object) -> None:
+        # Runs after the writer, before the engine goes on: the file must already hold the line.
+        seen.append(len(path.read_text().splitlines()))
+
+    lc = Lifecycle("torchrun", RecordingDriver(["HEALTHY", "SUCCEEDED"]), listeners=[writer,
+                                                                                      reader])
+    lc.run(0.0)
+    writer.close()
+    assert seen == [2, 3, 4]  # header + 1, + 2, + 3 records
+
+
+def test_a_killed_writer_loses_nothing_it_wrote(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    # The engine's Steps, fed straight to the writer: the child need not import torch (which
+    # Lifecycle.start() does, for its WorkerState return value).
+    script = textwrap.dedent(f"""
+        import os
+        from fsm_agent import Step
+        from fsm_agent._trace import JsonlTraceWriter
+
+        writer = JsonlTraceWriter({str(path)!r}, spec="torchelastic")
+        writer(Step("start", "INIT", 1.0, 1.0, "default", dest="HEALTHY"))
+        for i in range(2):
+            writer(Step("healthy", "HEALTHY", 2.0 + i, 2.0 + i, "default", dest="HEALTHY",
+                        guards=[("nodes_waiting", False)], observed="HEALTHY"))
+        os._exit(9)  # no flush, no atexit, no close: as a SIGKILL would
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
+    assert proc.returncode == 9, proc.stderr.decode()
+    (trace,) = read_trace(path)
+    assert [r.trigger for r in trace.records] == ["start", "healthy", "healthy"]
+    assert trace.records[-1].guards == [("nodes_waiting", False)]
+
+
+def test_static_and_dynamic_fields(tmp_path: Path) -> None:
+    rank = iter([4, 4, 7])
+    out = io.StringIO()
+    writer = JsonlTraceWriter(out, spec="torchrun", dynamic=lambda: {"group_rank": next(rank)},
+                              node="n1")
+    Lifecycle("torchrun", RecordingDriver(["HEALTHY", "SUCCEEDED"]), listeners=[writer]).run(0.0)
+    records = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert records[0]["node"] == "n1"
+    assert [r["group_rank"] for r in records[1:]] == [4, 4, 7]
+    assert all(r["node"] == "n1" for r in records)
+    with pytest.raises(ValueError, match="trigger"):
+        JsonlTraceWriter(io.StringIO(), trigger="x")
+
+
+def test_open_trace_appends_so_lifecycles_share_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    for _ in range(2):
+        with open_trace(path, spec="torchrun") as w:
+            Lifecycle("torchrun", RecordingDriver(["SUCCEEDED"]), listeners=[w]).run(0.0)
+    traces = read_trace(path)
+    assert [len(t.records) for t in traces] == [2, 2]
+    assert [t.header_line for t in traces] == [1, 4]
+    assert all(t.final_state == "SUCCEEDED" for t in traces)
+
+
+def test_an_action_that_raised_is_recorded(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    err = run_traced(path, "torchelastic", ["FAILED"],
+                     raises={"stop_workers": RuntimeError("boom")})
+    assert err is not None
+    last = lines(path)[-1]
+    assert last["dest"] == "UNKNOWN"
+    assert last["actions"][-1] == {**last["actions"][-1], "name": "stop_workers",
+                                   "outcome": "raised", "error": "RuntimeError: boom"}
+    assert "ActionError" in last["error"]
+
+
+# -- reading bad files -----------------------------------------------------------------------
+
+
+def _good(tmp_path: Path) -> list[str]:
+    path = tmp_path / "good.jsonl"
+    run_traced(path, "torchrun", ["HEALTHY", "SUCCEEDED"])
+    return path.read_text().splitlines(keepends=True)
+
+
+def test_reader_names_the_line_cut_short_by_a_crash(tmp_path: Path) -> None:
+    good = _good(tmp_path)
+    bad = tmp_path / "cut.jsonl"
+    bad.write_text("".join(good[:-1]) + good[-1][: len(good[-1]) // 2])
+    with pytest.raises(TraceError) as e:
+        read_trace(bad)
+    assert e.value.line == len(good)
+    assert str(e.value).startswith(f"{bad}:{len(good)}: ")
+    assert "cut short" in str(e.value)
+
+
+def test_reader_names_a_corrupt_line(tmp_path: Path) -> None:
+    good = _good(tmp_path)
+    bad = tmp_path / "corrupt.jsonl"
+    bad.write_text("".join(good[:2]) + "{not json\n" + "".join(good[2:]))
+    with pytest.raises(TraceError, match=rf"{bad}:3: not valid JSON"):
+        read_trace(bad)
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"kind": "step", "source": "INIT"}, "no 'trigger' field"),
+        ({"kind": "header", "format": "other"}, "not an fsm-agent trace"),
+        ({"kind": "header", "version": 99}, "newer than"),
+        ({"kind": "weird"}, "unknown record kind"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
+def test_reader_rejects_malformed_records(tmp_path: Path, record: object, message: str) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    with pytest.raises(TraceError, match=rf":1: .*{message}"):
+        read_trace(path)
+
+
+def test_reader_checks_field_types(tmp_path: Path) -> None:
+    good = [json.loads(x) for x in _good(tmp_path)]
+    good[1]["remaining_restarts"] = "3"
+    path = write_lines(tmp_path / "t.jsonl", good)
+    with pytest.raises(TraceError, match=r":2: field 'remaining_restarts' has the wrong type"):
+        read_trace(path)
+
+
+def test_reader_on_missing_and_empty_files(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="no such trace file"):
+        read_trace(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(TraceError, match="empty trace"):
+        read_trace(tmp_path / "empty.jsonl")
+    (tmp_path / "bin.jsonl").write_bytes(b"\xff\xfe\n")
+    with pytest.raises(TraceError, match="not UTF-8"):
+        read_trace(tmp_path / "bin.jsonl")
+
+
+def test_the_real_run_fixture_reads() -> None:
+    (trace,) = read_trace(DATA / "fail_once_recover.jsonl")
+    assert [r.dest for r in trace.records] == ["HEALTHY", "STOPPED", "HEALTHY", "HEALTHY",
+                                               "SUCCEEDED"]
+    # Real torch ProcessFailures: two local ranks, the failing one exited with 1.
+    failed = trace.records[1].data
+    assert failed["observed"] == "FAILED"
+    assert {f["exitcode"] for f in failed["failures"].values()} & {1}
