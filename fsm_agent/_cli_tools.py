@@ -80,9 +80,11 @@ def _traces(path: str) -> list[Trace]:
         raise _Fail(str(e)) from None
 
 
-def _spec_for_trace(trace_path: str, traces: Sequence[Trace], given: str | None) -> Spec:
+def _spec_for_trace(
+    trace_path: str, traces: Sequence[Trace], given: str | None, how: str = "--spec SPEC"
+) -> Spec:
     if given:
-        return _load(given, "--spec")
+        return _load(given, how.split(maxsplit=1)[0])
     first = traces[0]
     spec_path = first.header.get("spec_path")
     if isinstance(spec_path, str) and os.path.isfile(spec_path):
@@ -90,7 +92,7 @@ def _spec_for_trace(trace_path: str, traces: Sequence[Trace], given: str | None)
     if first.spec_name:
         return _load(first.spec_name, f"{trace_path}: header spec")
     raise _Fail(f"{trace_path}: the trace does not name its spec (it was recorded without "
-                "one); pass --spec SPEC")
+                f"one); pass {how}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,7 +169,7 @@ def _diagram(argv: list[str]) -> int:
         from ._replay import replay
 
         traces = _traces(args.trace)
-        spec = _spec_for_trace(args.trace, traces, args.spec)
+        spec = _spec_for_trace(args.trace, traces, args.spec, "SPEC")
         results = [replay(spec, t) for t in traces]
         highlight = _merge([highlight_from_replay(r) for r in results])
         for r in results:

@@ -14,10 +14,13 @@ they raise ``DiagramEngineMissing`` rather than fall back to another format.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import attrs
@@ -306,9 +309,39 @@ def _graphviz(dot: str, fmt: str) -> bytes:
             "bundles Graphviz), or ask for --format mermaid or dot"
         ) from None
     graph = pygraphviz.AGraph(string=dot)
-    data = graph.draw(format=fmt, prog="dot")
+    with _without_fontconfig_noise():
+        data = graph.draw(format=fmt, prog="dot")
     assert isinstance(data, bytes)
     return data
+
+
+@contextlib.contextmanager
+def _without_fontconfig_noise() -> Iterator[None]:
+    """Drop the Fontconfig warnings Graphviz's C code prints, keep anything else it says.
+
+    The wheel's bundled fontconfig is older than many systems' configuration files and warns
+    about elements it does not know on every render; the warning is harmless but reads like an
+    error on every ``fsm-agent diagram`` call.
+    """
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        yield  # stderr is not a real file (captured): nothing reaches a terminal anyway
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), fd)
+        try:
+            yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
+            sink.seek(0)
+            kept = [line for line in sink.read().decode("utf-8", "replace").splitlines(True)
+                    if not line.startswith("Fontconfig warning")]
+            if kept:
+                sys.stderr.write("".join(kept))
 
 
 def render(

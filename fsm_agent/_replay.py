@@ -97,8 +97,20 @@ def expected_actions(spec: Spec, t: Transition, source: str) -> list[tuple[str, 
     return out
 
 
-def _fmt_actions(items: Sequence[tuple[str, str]]) -> str:
-    return ", ".join(f"{name} ({kind})" for kind, name in items) or "none"
+def _fmt_actions(items: Sequence[tuple[str, str]], source: str, dest: str) -> str:
+    """``stop_workers, then on entering FAILED: exit_barrier, raise_failure``."""
+    if not items:
+        return "no actions"
+    heads = {"action": "", "exit": f"on leaving {source}: ", "enter": f"on entering {dest}: ",
+             "after": "after the state changed: "}
+    groups: list[tuple[str, list[str]]] = []
+    for kind, name in items:
+        if groups and groups[-1][0] == kind:
+            groups[-1][1].append(name)
+        else:
+            groups.append((kind, [name]))
+    return ", then ".join(heads.get(kind, f"{kind}: ") + ", ".join(names)
+                          for kind, names in groups)
 
 
 def _check_step(
@@ -164,9 +176,9 @@ def _check_step(
     if failed_action is not None:
         # An action raised: the engine ran the spec's actions up to it, then stopped.
         if got != want[: len(got)]:
-            return chosen, (f"{where}: {move} ran actions {_fmt_actions(got)}; the spec's "
-                            f"transition to {chosen.dest} (line {chosen.line}) runs "
-                            f"{_fmt_actions(want)}")
+            return chosen, (f"{where}: {move} ran {_fmt_actions(got, rec.source, chosen.dest)};"
+                            f" the spec's transition to {chosen.dest} (line {chosen.line}) runs "
+                            f"{_fmt_actions(want, rec.source, chosen.dest)}")
         failed_kind = str(failed_action.get("kind", "action"))
         adef = spec.vocabulary.actions.get(str(failed_action["name"]))
         terminal = adef is not None and adef.terminal
@@ -182,8 +194,9 @@ def _check_step(
         return chosen, (f"{where}: {move} diverges from the spec: with {vals} the spec takes "
                         f"{rec.source} --{rec.trigger}--> {chosen.dest} (line {chosen.line})")
     if got != want:
-        return chosen, (f"{where}: {move} ran actions {_fmt_actions(got)}; the spec (line "
-                        f"{chosen.line}) runs {_fmt_actions(want)}")
+        return chosen, (f"{where}: {move} ran {_fmt_actions(got, rec.source, chosen.dest)}; "
+                        f"the spec (line {chosen.line}) runs "
+                        f"{_fmt_actions(want, rec.source, chosen.dest)}")
     consumed = sum(1 for kind, name in got if name == _CONSUME)
     new_restarts = rec.data["restart_count"]
     new_remaining = rec.data["remaining_restarts"]
