@@ -20,6 +20,8 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._fastpath import fast_rendezvous
+from fsm_agent.torch._heartbeat import HangWatchdogMixin  # issue 7
+from fsm_agent.torch._reaper import ProcessGroupReaperMixin  # issue 7
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
 if TYPE_CHECKING:
@@ -228,7 +230,10 @@ class LifecycleAgentMixin:
                 self._fsm_exit_waker = None
 
 
-class FSMElasticAgent(LifecycleAgentMixin, LocalElasticAgent):  # type: ignore[misc]
+# issue 7: hang watchdog and process-group reaping (fsm_agent.torch._heartbeat, _reaper)
+class FSMElasticAgent(  # type: ignore[misc]
+    LifecycleAgentMixin, HangWatchdogMixin, ProcessGroupReaperMixin, LocalElasticAgent  # type: ignore[misc]
+):
     """torch's ``LocalElasticAgent`` whose run loop is a ``fsm_agent`` lifecycle.
 
     Takes ``LocalElasticAgent``'s arguments (``spec`` is the ``WorkerSpec``, ``logs_specs``,

@@ -1,0 +1,75 @@
+"""A worker dies (exit code, SIGKILL, segfault, exception under @record): the right rank is blamed,
+its error file reaches the summary, and the restarts proceed. Real agent, real workers.
+
+One job fails four times in a row, a different way on each attempt (which keeps the suite fast):
+every attempt's FAILED observation is checked in the trace (the failures the engine saw, per
+global rank), the last one in torch's failure summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import STANDALONE, Jobs, alive, summary, trace_records
+
+# attempt -> (FAIL_HOW, exit code torch reports, signal name it shows)
+FAULTS = [("exit:7", 7, None), ("sigkill", -9, "SIGKILL"), ("segv", -11, "SIGSEGV"),
+          ("raise", 1, None)]
+
+
+@pytest.mark.timeout(90)
+def test_each_fault_blames_the_failing_rank_and_restarts_proceed(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    env = {"FAIL_RANK": "1", "FAIL_HOW": ",".join(how for how, _, _ in FAULTS),
+           "MESSAGE": "boom-under-record", "SLEEP": "60", "SPAWN_CHILD": "1"}
+    job = jobs.start([*STANDALONE, "--max-restarts", str(len(FAULTS) - 1), "--trace",
+                      str(trace)], env=env)
+    assert job.wait(80) == 1, job.output
+    out = job.output
+    # Restarts proceed: every attempt ran both ranks; the healthy rank 0 was stopped each time.
+    starts = {(int(r["TORCHELASTIC_RESTART_COUNT"]), int(r["RANK"])): r  # type: ignore[call-overload]
+              for r in job.records("*_start.json")}
+    assert sorted(starts) == [(a, r) for a in range(len(FAULTS)) for r in (0, 1)], out
+    for n in range(1, len(FAULTS)):
+        assert f"restart {n} of {len(FAULTS) - 1}" in out, out
+    assert not job.records("*_done.json")
+    for rec in starts.values():
+        # The crashed rank's own child too: torch leaves it running (fsm_agent.torch._reaper).
+        assert not alive(int(rec["pid"])) and not alive(int(rec["child_pid"]))  # type: ignore[call-overload]
+
+    # Each attempt: the failure the engine observed blames rank 1 with that attempt's fault.
+    failed = [r for r in trace_records(trace) if r.get("observed") == "FAILED"
+              and r.get("trigger") == "failed"]
+    assert len(failed) == len(FAULTS), failed
+    for attempt, (step, (how, code, signame)) in enumerate(zip(failed, FAULTS, strict=True)):
+        failures = step["failures"]
+        assert isinstance(failures, dict)
+        blamed = failures["1"]
+        assert blamed["exitcode"] == code, (how, blamed)
+        assert blamed["pid"] == starts[(attempt, 1)]["pid"]
+        if signame:
+            pid = blamed["pid"]
+            assert blamed["message"] == f"Signal {-code} ({signame}) received by PID {pid}"
+        # torch also lists the ranks it stopped itself, as SIGTERM, for bookkeeping; never more.
+        for rank, other in failures.items():
+            if rank != "1":
+                assert other["exitcode"] == -15, (how, failures)
+
+    # The summary: root cause rank 1 with the last attempt's error file, written by @record.
+    s = summary(out)
+    assert s, out
+    root = s["root"]
+    assert isinstance(root, dict)
+    assert root["rank"] == "1" and root["exitcode"] == "1", root
+    assert f"pid: {starts[(len(FAULTS) - 1, 1)]['pid']})" in root["exitinfo"]
+    path = Path(root["error_file"])
+    assert str(path) == starts[(len(FAULTS) - 1, 1)]["TORCHELASTIC_ERROR_FILE"]
+    assert "boom-under-record" in json.loads(path.read_text())["message"]["message"]
+    assert "ValueError: boom-under-record" in out.rpartition("Root Cause")[2]
+    for other in s["others"]:  # type: ignore[attr-defined]
+        assert other["rank"] != "1" and other["exitcode"] == "-15", s
+    assert out.rstrip().endswith("=" * 60), out[-2000:]  # the summary ends it: no traceback
