@@ -8,6 +8,7 @@ fails, whatever its own assertions said.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -188,10 +189,8 @@ class Jobs:
         """Kill whatever is left; return the pids that were still alive (a leak)."""
         for job in self.jobs:
             if job.proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(job.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 job.proc.wait()
         leaked: list[int] = []
         deadline = time.monotonic() + 5.0
@@ -202,10 +201,8 @@ class Jobs:
             time.sleep(0.1)  # workers may still be on their way out after their agent ended
         for pid in left:
             leaked.append(pid)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return leaked
 
 

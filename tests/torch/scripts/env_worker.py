@@ -10,9 +10,9 @@ Environment read (besides torch's):
   SLEEP_GROUP_RANK only sleep on this group rank (default: every rank sleeps)
   UNTIL_WORLD_SIZE sleep forever unless WORLD_SIZE equals it (membership-change tests)
   SPAWN_CHILD      "1": start a sleeping child process and record its pid (signal tests)
-  PROBE_STORE      "1": connect to the workers' store (MASTER_ADDR:MASTER_PORT, as
-                   init_process_group does), record whether an earlier attempt's key is visible,
-                   then write this attempt's key
+  PROBE_RANKS      comma-separated ranks that connect to the workers' store
+                   (MASTER_ADDR:MASTER_PORT, as init_process_group does), record whether a key
+                   of an earlier attempt is visible, then write this attempt's key
 """
 
 import json
@@ -47,7 +47,7 @@ def main() -> int:
             json.dump(record, f)
         os.replace(tmp, out)
 
-    if env.get("PROBE_STORE") == "1":
+    if str(rank) in env.get("PROBE_RANKS", "").split(","):
         from datetime import timedelta
 
         import torch.distributed as dist
