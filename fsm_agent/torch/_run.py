@@ -13,6 +13,7 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -89,16 +90,29 @@ def _prepare(args: argparse.Namespace) -> None:
         args.master_port = 29500
 
 
-def _trace_listener(path: str) -> tuple[Callable[..., Any], Callable[[], None]]:
+class _AgentRef:
+    """The agent, once ``launch`` has built it (the trace's ``group_rank`` is read from it)."""
+
+    agent: Any = None
+
+    def fields(self) -> dict[str, Any]:
+        group = getattr(self.agent, "_worker_group", None)
+        return {} if group is None else {"group_rank": group.group_rank}
+
+
+def _trace_listener(
+    path: str, spec: Any, run_id: str | None, ref: _AgentRef
+) -> tuple[Callable[..., Any], Callable[[], None]]:
     """The trace writer of ``fsm_agent._trace`` as a listener, and how to close it."""
     if importlib.util.find_spec("fsm_agent._trace") is None:
         raise _UsageError("--trace: not available in this installation (no fsm_agent._trace)")
     trace = importlib.import_module("fsm_agent._trace")
-    factory = getattr(trace, "TraceWriter", None) or getattr(trace, "open_trace", None)
+    factory = getattr(trace, "TraceWriter", None)
     if factory is None:
         raise _UsageError("--trace: fsm_agent._trace has no TraceWriter")
     try:
-        writer = factory(path)
+        writer = factory(path, spec=spec, dynamic=ref.fields, node=socket.gethostname(),
+                         pid=os.getpid(), run_id=run_id)
     except OSError as e:
         raise _UsageError(f"--trace {path}: {e.strerror or e}") from e
     close = getattr(writer, "close", None)
@@ -117,6 +131,7 @@ def launch(
     lifecycle_spec: Any = "torchelastic",
     exit_barrier_timeout: float = 300.0,
     listeners: Sequence[Callable[..., Any]] = (),
+    on_agent: Callable[[Any], None] | None = None,
 ) -> dict[int, Any]:
     """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
 
@@ -177,6 +192,8 @@ def launch(
         lifecycle_spec=lifecycle_spec,
         listeners=listeners,
     )
+    if on_agent is not None:
+        on_agent(agent)
     shutdown_rdzv = True
     try:
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
@@ -240,16 +257,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError(
                 f"--exit-barrier-timeout must be > 0 seconds, got {args.exit_barrier_timeout}"
             )
-        listeners = []
-        if args.trace:
-            writer, close = _trace_listener(args.trace)
-            listeners.append(writer)
-            closers.append(close)
         _prepare(args)
         try:
             config, cmd, cmd_args = config_from_args(args)
         except (AssertionError, ValueError, RuntimeError) as e:
             raise _UsageError(str(e)) from e
+        ref = _AgentRef()
+        listeners = []
+        if args.trace:
+            writer, close = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref)
+            listeners.append(writer)
+            closers.append(close)
 
         def _launch() -> None:
             launch(
@@ -259,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 lifecycle_spec=lifecycle_spec,
                 exit_barrier_timeout=args.exit_barrier_timeout,
                 listeners=listeners,
+                on_agent=lambda agent: setattr(ref, "agent", agent),
             )
 
         # torchrun's main is @record: the root cause's error file is copied to the launcher's
