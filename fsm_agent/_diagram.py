@@ -162,7 +162,12 @@ def to_mermaid(spec: Spec, highlight: Highlight | None = None) -> str:
         lines += ["    classDef visited fill:#fde9c9,stroke:#d97706",
                   "    classDef ended fill:#d97706,color:#ffffff,stroke:#7c2d12,stroke-width:3px"]
     for s in _ordered_states(spec):
-        for text in _state_lines(s):
+        texts = _state_lines(s)
+        if texts:
+            # Declared with its name first: a state with only `ID : text` lines shows the
+            # text *instead of* its name.
+            lines.append(f'    state "{s.name}" as {s.name}')
+        for text in texts:
             lines.append(f"    {s.name} : {_mermaid_text(text)}")
     lines.append(f"    [*] --> {spec.initial}")
     for source, t in _edges(spec):

@@ -90,7 +90,9 @@ def test_mermaid_labels_every_edge_of_the_torchelastic_preset() -> None:
         assert expected in edges
     assert len(edges) == 17  # 13 transitions, the start arrow and three final arrows
     lines = [x.strip() for x in text.splitlines()]
-    assert "SUCCEEDED : entry / exit_barrier" in lines
+    # Named first: with only `ID : text` lines Mermaid would show the text instead of the name.
+    assert lines.index('state "SUCCEEDED" as SUCCEEDED') < lines.index(
+        "SUCCEEDED : entry / exit_barrier")
     assert "FAILED : entry / exit_barrier, raise_failure" in lines
     assert "class INIT initial" in lines
     assert "class SUCCEEDED,FAILED,UNKNOWN final" in lines
