@@ -50,9 +50,10 @@ class TorchDriver:
       propagate; the lifecycle decides what they mean.
     - ``put_metric``: ``torch.distributed.elastic.metrics.put_metric``.
 
-    Before each call that reads the restart counters (rendezvous logs them, ``_start_workers``
-    exports ``TORCHELASTIC_RESTART_COUNT``) the lifecycle's counters are copied into
-    ``agent._remaining_restarts``; :meth:`bind` gives the driver the lifecycle to read.
+    Before each call into the agent the lifecycle's remaining restarts are copied into
+    ``agent._remaining_restarts`` (``_rendezvous`` logs it, ``_start_workers`` exports
+    ``TORCHELASTIC_RESTART_COUNT``, events carry it); :meth:`bind` gives the driver the
+    lifecycle to read.
     """
 
     def __init__(
@@ -119,12 +120,14 @@ class TorchDriver:
 
     def stop_workers(self) -> None:
         """Stop every local worker."""
+        self.sync_counters()
         group = self.worker_group
         logger.info("[%s] Stopping worker group", group.spec.role)
         self.agent._stop_workers(group)
 
     def monitor(self) -> RunResult:
         """One look at the workers; the group's state follows the observation, as in torch."""
+        self.sync_counters()
         group = self.worker_group
         before = self.agent._remaining_restarts
         result = self.agent._monitor_workers(group)
@@ -144,6 +147,7 @@ class TorchDriver:
         import torch.distributed.elastic.utils.store as store_util
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 
+        self.sync_counters()
         group = self.worker_group
         # LocalElasticAgent's health check reports "alive" while this flag is set.
         self.agent._in_exit_barrier = True

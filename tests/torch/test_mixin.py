@@ -1,0 +1,189 @@
+"""The mixin on an agent that is not LocalElasticAgent, compared call by call with torch's loop.
+
+``ScriptedAgent`` is a ``SimpleElasticAgent`` whose worker hooks are scripted (no processes), with
+a real c10d rendezvous on an in-process TCPStore. The same script runs under torch's own
+``_invoke_run`` and under ``LifecycleAgentMixin`` with the ``torchrun`` spec; the hooks called (with
+the group state and remaining restarts each one saw), the ``workers.*`` metrics and the events
+must be identical.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from torch.distributed.elastic import metrics
+from torch.distributed.elastic.agent.server.api import (
+    RunResult,
+    SimpleElasticAgent,
+    WorkerSpec,
+    WorkerState,
+)
+from torch.distributed.elastic.events import handlers as event_handlers
+from torch.distributed.elastic.multiprocessing import ProcessFailure
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+
+from fsm_agent import WorkerGroupFailureException
+from fsm_agent.torch import LifecycleAgentMixin
+
+DEST = "fsm-agent-test"
+
+
+class _Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(json.loads(record.getMessage()))
+
+
+class _Metrics(metrics.MetricHandler):
+    def __init__(self) -> None:
+        self.values: list[tuple[str, int]] = []
+
+    def emit(self, metric_data: metrics.MetricData) -> None:
+        if metric_data.name.startswith("workers."):
+            self.values.append((metric_data.name, metric_data.value))
+
+
+@pytest.fixture
+def capture() -> Iterator[tuple[_Capture, _Metrics]]:
+    events = _Capture()
+    event_handlers._log_handlers[DEST] = events
+    mets = _Metrics()
+    metrics.configure(mets, group="torchelastic")
+    try:
+        yield events, mets
+    finally:
+        metrics.configure(metrics.NullMetricHandler(), group="torchelastic")
+        event_handlers._log_handlers.pop(DEST, None)
+
+
+def _failure(local_rank: int, code: int) -> ProcessFailure:
+    return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=code,
+                          error_file="<N/A>")
+
+
+class ScriptedAgent(SimpleElasticAgent):
+    """Workers are a script of monitor results; every hook call is logged."""
+
+    def __init__(self, spec: WorkerSpec, script: list[RunResult], **kw: Any) -> None:
+        super().__init__(spec, **kw)
+        self.script = list(script)
+        self.calls: list[tuple[str, str, int]] = []
+        self.starts = 0
+
+    def _log(self, hook: str) -> None:
+        self.calls.append((hook, self._worker_group.state.name, self._remaining_restarts))
+
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        self._log("start")
+        self.starts += 1
+        return {w.local_rank: f"w{self.starts}.{w.local_rank}" for w in worker_group.workers}
+
+    def _stop_workers(self, worker_group: Any) -> None:
+        self._log("stop")
+
+    def _monitor_workers(self, worker_group: Any) -> RunResult:
+        self._log("monitor")
+        return self.script.pop(0)
+
+    def _shutdown(self, death_sig: Any = None, timeout: int = 30) -> None:
+        self._log("shutdown")
+
+
+class SpecDrivenAgent(LifecycleAgentMixin, ScriptedAgent):
+    pass
+
+
+def _spec(max_restarts: int) -> WorkerSpec:
+    params = RendezvousParameters(backend="c10d", endpoint="localhost:0",
+                                  run_id=uuid.uuid4().hex, min_nodes=1, max_nodes=1)
+    return WorkerSpec(role="trainer", local_world_size=2, entrypoint="true", args=(),
+                      rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+                      max_restarts=max_restarts, monitor_interval=0.001,
+                      event_log_handler=DEST)
+
+
+def _events(records: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    out = []
+    for e in records:
+        md = e["metadata"]
+        out.append((e["name"], e["source"], md["state"], md["global_rank"], md["worker_id"],
+                    md["agent_restarts"], md["group_rank"]))
+    return out
+
+
+def _run(agent_cls: type[ScriptedAgent], script: list[RunResult], max_restarts: int,
+         capture: tuple[_Capture, _Metrics], **kw: Any) -> dict[str, Any]:
+    events, mets = capture
+    events.records.clear()
+    mets.values.clear()
+    spec = _spec(max_restarts)
+    agent = agent_cls(spec, script, **kw)
+    outcome: Any
+    try:
+        outcome = agent.run("trainer")
+    except WorkerGroupFailureException as e:
+        outcome = e
+    finally:
+        spec.rdzv_handler.shutdown()
+    return {"outcome": outcome, "calls": agent.calls, "metrics": list(mets.values),
+            "events": _events(events.records), "state": agent._worker_group.state,
+            "remaining": agent._remaining_restarts}
+
+
+HEALTHY = RunResult(state=WorkerState.HEALTHY)
+SUCCEEDED = RunResult(state=WorkerState.SUCCEEDED, return_values={0: None, 1: None})
+FAILED = RunResult(state=WorkerState.FAILED, failures={1: _failure(1, 3)})
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("script", "max_restarts"),
+    [
+        ([HEALTHY, SUCCEEDED], 2),
+        ([HEALTHY, FAILED, HEALTHY, SUCCEEDED], 2),
+        ([FAILED, FAILED], 1),
+        ([FAILED, RunResult(state=WorkerState.UNHEALTHY), FAILED], 2),
+    ],
+    ids=["success", "fail-once", "exhausted", "unhealthy-then-exhausted"],
+)
+def test_mixin_keeps_torchs_bookkeeping(
+    capture: tuple[_Capture, _Metrics], script: list[RunResult], max_restarts: int
+) -> None:
+    want = _run(ScriptedAgent, script, max_restarts, capture)
+    got = _run(SpecDrivenAgent, script, max_restarts, capture, lifecycle_spec="torchrun")
+    assert got["calls"] == want["calls"]
+    assert got["metrics"] == want["metrics"]
+    assert got["events"] == want["events"]
+    assert got["state"] == want["state"]
+    assert got["remaining"] == want["remaining"]
+    assert got["outcome"].state == (
+        WorkerState.FAILED if want["outcome"].state == WorkerState.UNHEALTHY  # torch's quirk
+        else want["outcome"].state
+    )
+    assert got["outcome"].failures == want["outcome"].failures
+
+
+@pytest.mark.timeout(60)
+def test_torchelastic_spec_raises_with_failures_and_records_the_run(
+    capture: tuple[_Capture, _Metrics],
+) -> None:
+    got = _run(SpecDrivenAgent, [FAILED, FAILED], 1, capture, lifecycle_spec="torchelastic")
+    err = got["outcome"]
+    assert isinstance(err, WorkerGroupFailureException)
+    assert set(err.failures) == {1} and err.failures[1].exitcode == 3
+    assert got["state"] == WorkerState.FAILED and got["remaining"] == 0
+    # run() records nothing for a raised run; the mixin records the failed run itself.
+    assert ("workers.trainer.run_failed_with_retries", 1) in got["metrics"]
+    states = [(e[2], e[3]) for e in got["events"] if e[1] == "WORKER"]
+    # As torch's _record_worker_events: the failed rank FAILED, the stopped one TERMINATED.
+    assert states[-2:] == [("TERMINATED", 0), ("FAILED", 1)]
+    assert got["calls"][-1][0] == "shutdown"
