@@ -4,11 +4,15 @@ Deliberately imports nothing heavy (no torch): the benchmarks time the agents, n
 imports. Every event is one O_APPEND write of one line to $BENCH_OUT (atomic for short lines),
 stamped with CLOCK_MONOTONIC, which is system-wide on Linux and so comparable with the agent's.
 
+The "generation" of a worker is the number of crashes recorded before it started: unlike
+TORCHELASTIC_RESTART_COUNT it is the same on every agent (an agent restarted for a membership
+change keeps its restart count).
+
 argv: crash_attempts crash_rank crash_after_s finish_after_s [stagger_s]
-  attempts < crash_attempts: rank crash_rank exits 1 after crash_after_s (plus jitter); the other
-  ranks sleep until the agent stops them (at most 90 s, so that a benchmark killed half-way
-  leaves nothing behind for long). Later attempts sleep finish_after_s + stagger_s * GROUP_RANK
-  and exit 0 (the stagger spreads the agents' arrivals at the exit barrier).
+  generations < crash_attempts: rank crash_rank exits 1 after crash_after_s (plus jitter); the
+  other ranks sleep until the agent stops them (at most 90 s, so that a benchmark killed half-way
+  leaves nothing behind for long). Later generations sleep finish_after_s + stagger_s *
+  GROUP_RANK and exit 0 (the stagger spreads the agents' arrivals at the exit barrier).
 """
 
 import os
@@ -16,31 +20,40 @@ import sys
 import time
 
 T0 = time.monotonic()
+OUT = os.environ["BENCH_OUT"]
+rank = int(os.environ["RANK"])
 
 
-def record(kind: str, t: float) -> None:
-    attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    line = f"{kind} {os.environ['RANK']} {attempt} {t:.6f} {os.getpid()}\n"
-    fd = os.open(os.environ["BENCH_OUT"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+def generation() -> int:
+    try:
+        with open(OUT) as f:
+            return sum(1 for line in f if line.startswith("crash "))
+    except FileNotFoundError:
+        return 0
+
+
+def record(kind: str, gen: int, t: float) -> None:
+    line = f"{kind} {rank} {gen} {t:.6f} {os.getpid()}\n"
+    fd = os.open(OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
 
 
-record("start", T0)
+gen = generation()
+record("start", gen, T0)
 crash_attempts, crash_rank = int(sys.argv[1]), int(sys.argv[2])
 crash_after, finish_after = float(sys.argv[3]), float(sys.argv[4])
-attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-if attempt < crash_attempts:
-    if int(os.environ["RANK"]) == crash_rank:
+if gen < crash_attempts:
+    if rank == crash_rank:
         # jitter so that the crash falls anywhere within the agent's monitor tick
         jitter = (os.getpid() * 7919 % 1000) / 1000 * 0.25
         time.sleep(crash_after + jitter)
-        record("crash", time.monotonic())
+        record("crash", gen, time.monotonic())
         os._exit(1)
     time.sleep(90)
     sys.exit(3)
 stagger = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 time.sleep(finish_after + stagger * int(os.environ.get("GROUP_RANK", "0")))
-record("finish", time.monotonic())
+record("finish", gen, time.monotonic())

@@ -13,15 +13,19 @@ makes two or three store round trips of well under a millisecond each:
    ``inspect.stack()`` twice: it builds a ``FrameInfo`` with source context for every frame
    (file reads, a scan of ``sys.modules``), 5-15 ms each here, only to take one function name for
    an event that is dropped anyway when no event handler is configured (the default).
-3. While waiting for other nodes the join loop polls the store every 1 s (``_delay(seconds=1)``).
-   With several agents this dominates a restart: the first agent back waits up to a second for
-   a round the last agent already completed.
+3. While waiting for other nodes the join loop sleeps 1 s between two looks at the state
+   (``_delay(seconds=1)``), and the state holder serves a cached state for 1 s anyway
+   (``_BackendRendezvousStateHolder._cache_duration``). With several agents this dominates a
+   restart: an agent waits up to a second (often two) for a round the last agent already
+   completed.
 
 :func:`fast_rendezvous` removes 1 and 2 and shortens 3, around one ``next_rendezvous`` call: it
 swaps the two module-level helpers of ``torch.distributed.elastic.rendezvous.dynamic_rendezvous``
-for the duration of the call (the agent's rendezvous runs on its main thread; torch's keep-alive
-thread uses neither helper). Outside the call torch's own functions are back in place. If a
-future torch renames either helper, the context manager does nothing.
+and lowers the handler's state cache to the poll period for the duration of the call (the
+agent's rendezvous runs on its main thread; torch's keep-alive thread uses neither helper).
+Outside the call torch's own functions and cache are back in place, so the monitor tick's
+``num_nodes_waiting`` reads the store at most once a second, as in torch. If a future torch
+renames any of these, the part that no longer fits is left alone.
 """
 
 from __future__ import annotations
@@ -79,10 +83,16 @@ def fast_rendezvous(
             return
         original_delay(min(seconds, sync_poll))
 
+    holder = getattr(handler, "_state_holder", None)
+    cache = getattr(holder, "_cache_duration", None)
     dyn._delay = delay
     dyn.get_method_name = _method_name
+    if isinstance(cache, (int, float)):
+        holder._cache_duration = min(cache, sync_poll)  # type: ignore[union-attr]
     try:
         yield
     finally:
         dyn._delay = original_delay
         dyn.get_method_name = original_name
+        if isinstance(cache, (int, float)):
+            holder._cache_duration = cache  # type: ignore[union-attr]

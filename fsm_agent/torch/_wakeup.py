@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import sys
 import threading
@@ -53,7 +54,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["WorkerExitWaker", "available_backends", "default_backend"]
+__all__ = ["WorkerExitWaker", "available_backends", "default_backend", "fast_popen_waits"]
 
 _BACKENDS = ("pidfd", "thread", "tick")
 
@@ -94,6 +95,51 @@ def _reaped(handle: Any) -> bool:
     """
     popen = getattr(handle, "_popen", handle)  # multiprocessing.Process keeps its Popen there
     return getattr(popen, "returncode", None) is not None
+
+
+def _pidfd_wait(pid: int, timeout: float) -> None:
+    """Block until process ``pid`` terminates or ``timeout`` passes (without reaping it)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone already, or pidfd unavailable: the caller's own wait decides
+        return
+    try:
+        select.select([fd], [], [], max(timeout, 0.0))
+    finally:
+        os.close(fd)
+
+
+def fast_popen_waits(pcontext: Any) -> int:
+    """Let torch's ``SubprocessContext.close()`` see each worker's exit as it happens.
+
+    On a failure, torch's ``_poll()`` closes the context before it reports: SIGTERM to every
+    other worker, then ``Popen.wait(timeout)`` on each, which in CPython polls with sleeps that
+    double from 0.5 ms (1-5 ms per worker here: 3 ms with 2 workers, 7 ms with 8). This gives each
+    worker's ``Popen`` a ``wait`` that first blocks on the process' pidfd for up to ``timeout``
+    and then calls the real ``wait``: same result, same ``TimeoutExpired``, same total bound.
+    Only when pidfd works (Linux 5.3+); returns how many ``Popen`` objects were given it.
+    ``MultiprocessContext`` needs nothing: ``Process.join`` already waits on a sentinel.
+    """
+    handlers = getattr(pcontext, "subprocess_handlers", None)
+    if not handlers or "pidfd" not in available_backends():
+        return 0
+    done = 0
+    for handler in handlers.values():
+        proc = getattr(handler, "proc", None)
+        if proc is None or "wait" in vars(proc):
+            continue
+        real_wait = proc.wait
+
+        def wait(timeout: float | None = None, _proc: Any = proc, _real: Any = real_wait) -> Any:
+            if timeout is not None and _proc.returncode is None:
+                start = time.monotonic()
+                _pidfd_wait(_proc.pid, timeout)
+                timeout = max(timeout - (time.monotonic() - start), 0.0)
+            return _real(timeout)
+
+        proc.wait = wait
+        done += 1
+    return done
 
 
 def _pcontext_targets(pcontext: Any) -> tuple[dict[int, int], dict[int, Any], dict[int, int]]:
@@ -151,16 +197,20 @@ class WorkerExitWaker:
 
     # -- watching -------------------------------------------------------------------------------
 
-    def watch(self, target: Any) -> None:
+    def watch(self, target: Any, *, fast_close: bool = True) -> None:
         """Watch the workers of a torch ``PContext``, or a ``{local_rank: pid}`` mapping, or pids.
 
         Replaces whatever was watched before. Only children of this process can be watched by
-        the ``thread`` backend (``pidfd`` takes any process).
+        the ``thread`` backend (``pidfd`` takes any process). For a ``PContext``, ``fast_close``
+        also applies :func:`fast_popen_waits`, so that the failure torch reports after closing
+        the other workers is not held up by ``Popen.wait``'s polling.
         """
         handles: dict[int, Any] = {}
         ret_fds: dict[int, int] = {}
         if hasattr(target, "pids") and callable(target.pids):
             pids, handles, ret_fds = _pcontext_targets(target)
+            if fast_close:
+                fast_popen_waits(target)
         elif isinstance(target, Mapping):
             pids = {int(k): int(v) for k, v in target.items()}
         else:

@@ -203,3 +203,33 @@ def test_torch_multiprocess_context_wakes_on_return_and_on_failure(
                 assert list(result.failures) == [0]
     finally:
         pc.close()
+
+
+@pytest.mark.timeout(20)
+def test_fast_popen_waits_keeps_popen_wait_semantics(procs: list[subprocess.Popen[bytes]]) -> None:
+    if "pidfd" not in available_backends():
+        pytest.skip("needs pidfd")
+    from fsm_agent.torch._wakeup import fast_popen_waits
+
+    procs += [_sleeper(LONG), _sleeper(LONG)]
+
+    class Handler:
+        def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+            self.proc = proc
+
+    class FakeContext:
+        def __init__(self) -> None:
+            self.subprocess_handlers = {r: Handler(p) for r, p in enumerate(procs)}
+
+    ctx = FakeContext()
+    assert fast_popen_waits(ctx) == 2
+    assert fast_popen_waits(ctx) == 0  # applied once per Popen
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        procs[0].wait(0.2)  # still bounded by its timeout, and still raises
+    assert time.monotonic() - start >= 0.2
+    procs[0].terminate()
+    assert procs[0].wait(LONG) == -signal.SIGTERM  # the real wait reaped it: exit code intact
+    assert procs[0].returncode == -signal.SIGTERM
+    procs[1].kill()
+    assert procs[1].wait() == -signal.SIGKILL  # no timeout: the plain wait

@@ -1,0 +1,499 @@
+"""Every performance figure of issue 6, fsm-agent beside torchrun, in one session.
+
+    python bench/run_all.py            # the full run (about 8-12 minutes on 2 cores)
+    python bench/run_all.py --smoke    # every measure once, small (about 2-3 minutes)
+
+Writes ``docs/performance.md`` (tables: fsm-agent, torchrun, ratio, target) and PNG plots under
+``docs/performance/`` (when matplotlib is installed: ``pip install 'fsm-agent[bench]'``), and
+the raw samples as JSON (``--json``, default ``bench/results.json``). The launchers take turns
+(torchrun, fsm-agent, torchrun, ...) so that load from elsewhere on the machine falls on both.
+Figures are medians; ratios are fsm-agent / torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+import agents  # noqa: E402  (bench/ is not a package)
+
+DOC = ROOT / "docs" / "performance.md"
+PLOTS = ROOT / "docs" / "performance"
+LABEL = {"fsm": "fsm-agent", "torchrun": "torchrun"}
+
+
+def med(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def ms(x: float | None) -> str:
+    return "n/a" if x is None else (f"{x * 1e3:.1f} ms" if x < 10 else f"{x:.1f} s")
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None or b == 0 else f"{a / b:.2f}"
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def alternate(
+    reps: int, launchers: Sequence[str], fn: Callable[[str], Any]
+) -> dict[str, list[Any]]:
+    """Run ``fn(launcher)`` ``reps`` times per launcher, taking turns."""
+    out: dict[str, list[Any]] = {name: [] for name in launchers}
+    for rep in range(reps):
+        order = list(launchers) if rep % 2 == 0 else list(reversed(launchers))
+        for name in order:
+            try:
+                out[name].append(fn(name))
+            except Exception as exc:  # one failed job must not lose the whole session's figures
+                log(f"  {name}: {type(exc).__name__}: {str(exc)[:300]}")
+    return out
+
+
+# -- the measures --------------------------------------------------------------------------------
+
+
+def bench_detection(smoke: bool) -> dict[str, Any]:
+    reps, crashes = (1, 3) if smoke else (3, 5)
+    configs = {"torchrun@0.1": ("torchrun", 0.1), "fsm@0.1": ("fsm", 0.1), "fsm@5": ("fsm", 5.0)}
+    out: dict[str, list[float]] = {k: [] for k in configs}
+    for rep in range(reps):
+        for key, (launcher, interval) in (configs.items() if rep % 2 == 0
+                                          else reversed(configs.items())):
+            try:
+                out[key] += agents.detection(launcher, interval, crashes)
+            except Exception as exc:
+                log(f"  detection {key}: {type(exc).__name__}: {str(exc)[:300]}")
+    log("detection: " + ", ".join(f"{k} {ms(med(v))}" for k, v in out.items()))
+    return out
+
+
+def bench_cpu(smoke: bool) -> dict[str, Any]:
+    seconds, reps = (4.0, 1) if smoke else (20.0, 2)
+    configs = {"torchrun@0.1": ("torchrun", 0.1), "fsm@0.1": ("fsm", 0.1), "fsm@1": ("fsm", 1.0)}
+    out: dict[str, list[float]] = {k: [] for k in configs}
+    for rep in range(reps):
+        for key, (launcher, interval) in (configs.items() if rep % 2 == 0
+                                          else reversed(configs.items())):
+            try:
+                out[key].append(agents.agent_cpu(launcher, seconds, interval))
+            except Exception as exc:
+                log(f"  cpu {key}: {type(exc).__name__}: {str(exc)[:300]}")
+    log("cpu: " + ", ".join(f"{k} {100 * (med(v) or 0):.3f}%" for k, v in out.items()))
+    return {"seconds": seconds, **out}
+
+
+def bench_restart(smoke: bool) -> dict[str, Any]:
+    sizes, reps, restarts = ([2, 8], 1, 2) if smoke else ([2, 8], 2, 3)
+    out: dict[str, Any] = {}
+    for n in sizes:
+        runs = alternate(
+            reps, ["torchrun", "fsm"], lambda L, n=n: agents.restart(L, n, restarts)[:2]
+        )
+        out[str(n)] = {
+            L: {"samples": [s for r in rs for s in r[0]], "phases": [p for r in rs for p in r[1]]}
+            for L, rs in runs.items()
+        }
+        log(f"restart {n} workers: " + ", ".join(
+            f"{L} {ms(med(v['samples']))}" for L, v in out[str(n)].items()))
+    return out
+
+
+def bench_scale(smoke: bool) -> dict[str, Any]:
+    """64 workers on one agent, and 8 agents x 4 workers: start, fail once, recover, finish."""
+    single, multi = (16, (4, 2)) if smoke else (64, (8, 4))
+    cases = {f"1x{single}": (1, single), f"{multi[0]}x{multi[1]}": multi}
+    reps = 1 if smoke else 2
+    out: dict[str, Any] = {}
+    for name, (nnodes, nproc) in cases.items():
+        def job(launcher: str, nnodes: int = nnodes, nproc: int = nproc) -> dict[str, Any]:
+            t0 = time.monotonic()
+            samples, phases, run = agents.restart(launcher, nproc, 1, nnodes=nnodes)
+            wall = time.monotonic() - t0
+            det = [p["detect"] for p in phases]
+            return {
+                "startup": agents.startup(run, nproc * nnodes),
+                "restart": samples[0] if samples else None,
+                "detect": det[0] if det else None,
+                "exit_barrier": agents.exit_barrier_release(run),
+                "wall": wall,
+                "returncodes": run.returncodes,
+                "phases": phases,
+            }
+
+        out[name] = {"nnodes": nnodes, "nproc": nproc,
+                     **alternate(reps, ["torchrun", "fsm"], job)}
+        log(f"scale {name}: " + ", ".join(
+            f"{L} restart {ms(med([r['restart'] for r in out[name][L] if r['restart']]))}"
+            for L in ("torchrun", "fsm")))
+    return out
+
+
+def run_script(script: str, smoke: bool) -> dict[str, Any]:
+    out_json = BENCH / f".{script}.json"
+    cmd = [sys.executable, str(BENCH / f"{script}.py"), "--json", str(out_json)]
+    if smoke:
+        cmd.append("--smoke")
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    data: dict[str, Any] = json.loads(out_json.read_text())
+    out_json.unlink()
+    return data
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def _vals(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def _verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**not met**")
+
+
+def render(results: dict[str, Any], command: str, smoke: bool) -> str:
+    lines: list[str] = []
+    add = lines.append
+    env = results["env"]
+    add("# Performance: fsm-agent beside torchrun")
+    add("")
+    add("Produced by:")
+    add("")
+    add("```")
+    add(command)
+    add("```")
+    add("")
+    add(f"{env['date']} · {env['cpus']} CPUs · Linux {env['kernel']} · Python {env['python']} · "
+        f"torch {env['torch']} · waker backend `{env['waker']}` · total {env['wall_s']:.0f} s"
+        + (" · **smoke run: small samples, indicative only**" if smoke else ""))
+    add("")
+    add("fsm-agent is `fsm-agent run --spec torchrun`, torchrun is `torch.distributed.run`; both")
+    add("run in `bench/_probe.py`, which wraps torch's own agent methods with identical timing")
+    add("probes, on the same worker script (`bench/workers/crash_restart.py`, no torch import).")
+    add("Launchers take turns within the session. Figures are medians (n = number of samples);")
+    add("ratio is fsm-agent / torchrun. Jobs are single node (`--standalone`) unless said.")
+    add("")
+
+    # summary table
+    det, cpu, rst = results.get("detection", {}), results.get("cpu", {}), results.get("restart", {})
+    add("## Summary")
+    add("")
+    add("| measure | fsm-agent | torchrun | ratio | target | verdict |")
+    add("|---|---|---|---|---|---|")
+    if det:
+        f1, f5, t1 = med(det["fsm@0.1"]), med(det["fsm@5"]), med(det["torchrun@0.1"])
+        ok = None if f1 is None or t1 is None else (
+            f1 <= 0.005 and (f5 is None or f5 <= 0.005) and f1 <= t1 / 5)
+        add(f"| detection latency, monitor interval 0.1 s (n={len(det['fsm@0.1'])}/"
+            f"{len(det['torchrun@0.1'])}) | {ms(f1)} | {ms(t1)} | {ratio(f1, t1)} | "
+            f"<= 5 ms and <= 0.2x | {_verdict(ok)} |")
+        add(f"| detection latency, fsm-agent at monitor interval 5 s (n={len(det['fsm@5'])}) | "
+            f"{ms(f5)} | (torchrun: ~2.5 s, half the interval) | | <= 5 ms | "
+            f"{_verdict(None if f5 is None else f5 <= 0.005)} |")
+    if cpu:
+        c1, cf, ct = med(cpu["fsm@0.1"]), med(cpu["fsm@1"]), med(cpu["torchrun@0.1"])
+
+        def pct(x: float | None) -> str:
+            return "n/a" if x is None else f"{100 * x:.3f}% of a core"
+
+        add(f"| agent CPU, 4 workers sleeping {cpu['seconds']:.0f} s, both at 0.1 s | {pct(c1)} | "
+            f"{pct(ct)} | {ratio(c1, ct)} | <= 0.5x | "
+            f"{_verdict(None if c1 is None or ct is None else c1 <= ct / 2)} |")
+        add(f"| agent CPU, fsm-agent at 1 s (failures still seen at once) | {pct(cf)} | "
+            f"{pct(ct)} | "
+            f"{ratio(cf, ct)} | <= 0.5x | "
+            f"{_verdict(None if cf is None or ct is None else cf <= ct / 2)} |")
+    for n, by in rst.items():
+        f, t = med(by["fsm"]["samples"]), med(by["torchrun"]["samples"])
+        add(f"| restart latency, {n} workers (n={len(by['fsm']['samples'])}/"
+            f"{len(by['torchrun']['samples'])}) | {ms(f)} | {ms(t)} | {ratio(f, t)} | <= 0.8x | "
+            f"{_verdict(None if f is None or t is None else f <= 0.8 * t)} |")
+    scale = results.get("scale", {})
+    multi = next((v for k, v in scale.items() if v["nnodes"] > 1), None)
+    if multi:
+        fb = med([r["exit_barrier"] for r in multi["fsm"] if r["exit_barrier"] is not None])
+        tb = med([r["exit_barrier"] for r in multi["torchrun"] if r["exit_barrier"] is not None])
+        add(f"| exit barrier release, {multi['nnodes']} agents (last arrival -> all left) | "
+            f"{ms(fb)} | {ms(tb)} | {ratio(fb, tb)} | <= 50 ms | "
+            f"{_verdict(None if fb is None else fb <= 0.05)} |")
+    eng = results.get("engine")
+    if eng:
+        add(f"| engine: one observe() of a healthy tick | {eng['observe_healthy_us']:.1f} us | "
+            f"torch's loop body: {eng['torch_tick_us']:.1f} us | "
+            f"{eng['observe_healthy_us'] / eng['torch_tick_us']:.1f} | <= 15 us | "
+            f"{_verdict(eng['observe_healthy_us'] <= 15)} |")
+        for key, target in (("build_10000_s", 0.5), ("build_100000_s", 5.0)):
+            if key in eng:
+                count = int(key.split("_")[1])
+                add(f"| engine: build {count:,} lifecycles | {eng[key]:.2f} s | "
+                    f"add_model route: {eng['add_model_s']:.2f} s for {eng['add_model_count']:,} "
+                    f"| | < {target} s | {_verdict(eng[key] < target)} |")
+        add(f"| engine: {eng['observations']:,} observations over {eng['population']:,} "
+            f"lifecycles | {eng['observations_s']:.2f} s | | | "
+            f"{'< 30 s' if not smoke else '(smoke size)'} | "
+            f"{_verdict(None if smoke else eng['observations_s'] < 30)} |")
+    st = results.get("startup")
+    if st:
+        for name in ("import fsm_agent", "fsm-agent check", "fsm-agent diagram", "fsm-agent diff"):
+            f = st[name]
+            add(f"| start-up: `{name}` (wall; CPU {f['cpu_median_s'] * 1e3:.0f} ms; torch imported:"
+                f" {'yes' if f['imports_torch'] else 'no'}) | {ms(f['median_s'])} | "
+                f"`import torch`: {ms(st['import torch']['median_s'])} | | < 0.3 s | "
+                f"{_verdict(f['median_s'] < 0.3 and not f['imports_torch'])} |")
+    add("")
+
+    if det:
+        add("## Failure detection")
+        add("")
+        add("Worker exit (the worker's own timestamp just before `os._exit(1)`) to the agent's")
+        add("`_monitor_workers` returning FAILED (the observation the lifecycle receives next).")
+        add("torchrun finds the exit on its next tick; fsm-agent waits on a pidfd per worker")
+        add("(`fsm_agent/torch/_wakeup.py`) and looks at once, so its figure does not depend on")
+        add("the interval. What remains is torch's own `_poll()`: reaping, then SIGTERM to the")
+        add("other workers and waiting for them before it reports the failure.")
+        add("")
+        add("| config | n | median | min | max |")
+        add("|---|---|---|---|---|")
+        for k, v in det.items():
+            add(f"| {k} | {len(v)} | {ms(med(v))} | {ms(min(v) if v else None)} | "
+                f"{ms(max(v) if v else None)} |")
+        add("")
+    if rst:
+        add("## Restart latency and where it goes")
+        add("")
+        add("From the crash (worker timestamp) to the last restarted worker running its first line")
+        add("of user code. Phases from the probes of the crashing agent (medians):")
+        add("")
+        keys = ["detect", "stop", "rendezvous", "rdzv_sleeps", "rdzv_store_ops", "start_workers",
+                "to_user_code", "total"]
+        add("| workers | launcher | n | " + " | ".join(keys) + " |")
+        add("|---|---|---|" + "---|" * len(keys))
+        for n, by in rst.items():
+            for L in ("torchrun", "fsm"):
+                ph = by[L]["phases"]
+                cells = []
+                for k in keys:
+                    v = med(_vals(ph, k))
+                    cells.append("n/a" if v is None else (f"{v:.0f}" if k == "rdzv_store_ops"
+                                                          else ms(v)))
+                add(f"| {n} | {LABEL[L]} | {len(ph)} | " + " | ".join(cells) + " |")
+        add("")
+        add("`rendezvous` is torch's `_rendezvous` (the c10d `next_rendezvous` plus rank")
+        add("assignment); `rdzv_sleeps` the part of it spent in the rendezvous' own `_delay`;")
+        add("`rdzv_store_ops` its state reads and writes on the store; `to_user_code` the worker")
+        add("processes' start (fork, exec, interpreter start-up) after `_start_workers` returned.")
+        add("")
+    if scale:
+        add("## Scale")
+        add("")
+        add("Each job starts, has one worker crash, restarts once and finishes. Multi-agent jobs")
+        add("run N agent processes on loopback with the c10d rendezvous (`--nnodes N")
+        add("--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:PORT`). `startup`: launch to every")
+        add("worker running; `exit barrier`: last agent's arrival to the last agent leaving.")
+        add("")
+        add("| job | launcher | n | startup | detect | restart | exit barrier | wall |")
+        add("|---|---|---|---|---|---|---|---|")
+        for case in scale.values():
+            for L in ("torchrun", "fsm"):
+                rows = case[L]
+                add(f"| {case['nnodes']} x {case['nproc']} | {LABEL[L]} | {len(rows)} | "
+                    + " | ".join(ms(med(_vals(rows, k)))
+                                 for k in ("startup", "detect", "restart", "exit_barrier", "wall"))
+                    + " |")
+        add("")
+    if eng:
+        add("## Engine cost")
+        add("")
+        add("`bench/engine_cost.py`: a `torchrun`-preset Lifecycle on a no-op driver, so only the")
+        add("engine is timed (in-process, warm; one tick in a live agent costs more, with cold")
+        add("caches every 0.1 s).")
+        add("")
+        add("| figure | value |")
+        add("|---|---|")
+        for k, v in eng.items():
+            add(f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v:,} |")
+        add("")
+    if st:
+        add("## Start-up")
+        add("")
+        add("Fresh interpreter per run, median wall and CPU time (`bench/startup.py`).")
+        add("")
+        add("| command | wall | CPU | imports torch |")
+        add("|---|---|---|---|")
+        for name, f in st.items():
+            add(f"| `{name}` | {ms(f['median_s'])} | {ms(f['cpu_median_s'])} | "
+                f"{ {True: 'yes', False: 'no'}.get(f.get('imports_torch'), '') } |")
+        add("")
+    if results.get("plots"):
+        add("## Plots")
+        add("")
+        for p in results["plots"]:
+            add(f"![{Path(p).stem}](performance/{Path(p).name})")
+            add("")
+    elif results.get("plots_note"):
+        add(f"Plots: {results['plots_note']}")
+        add("")
+    notes = results.get("notes")
+    if notes:
+        add("## Notes")
+        add("")
+        lines.extend(notes)
+        add("")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any]) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        results["plots_note"] = ("not drawn: matplotlib is not installed "
+                                 "(`pip install 'fsm-agent[bench]'`).")
+        return []
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+
+    det = results.get("detection")
+    if det:
+        fig, ax = plt.subplots(figsize=(6, 3.2))
+        keys = [k for k in det if det[k]]
+        ax.boxplot([[x * 1e3 for x in det[k]] for k in keys], labels=keys)
+        ax.set_yscale("log")
+        ax.set_ylabel("worker exit -> FAILED observed (ms, log)")
+        ax.set_title("Failure detection latency")
+        fig.tight_layout()
+        path = PLOTS / "detection.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+
+    rst = results.get("restart")
+    if rst:
+        phases = ["detect", "stop", "rendezvous", "start_workers", "to_user_code"]
+        labels, stacks = [], []
+        for n, by in rst.items():
+            for L in ("torchrun", "fsm"):
+                ph = by[L]["phases"]
+                labels.append(f"{LABEL[L]}\n{n} workers")
+                stacks.append([(med(_vals(ph, k)) or 0) * 1e3 for k in phases])
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        bottom = [0.0] * len(labels)
+        for i, k in enumerate(phases):
+            vals = [s[i] for s in stacks]
+            ax.bar(labels, vals, bottom=bottom, label=k)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_ylabel("ms (medians)")
+        ax.set_title("Restart latency: crash -> restarted workers in user code")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = PLOTS / "restart_phases.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+
+    scale = results.get("scale")
+    if rst or scale:
+        fig, ax = plt.subplots(figsize=(6, 3.4))
+        for L, marker in (("torchrun", "o"), ("fsm", "s")):
+            xs, ys = [], []
+            for n, by in (rst or {}).items():
+                v = med(by[L]["samples"])
+                if v is not None:
+                    xs.append(int(n))
+                    ys.append(v * 1e3)
+            for case in (scale or {}).values():
+                v = med(_vals(case[L], "restart"))
+                if v is not None:
+                    xs.append(case["nnodes"] * case["nproc"])
+                    ys.append(v * 1e3)
+            pts = sorted(zip(xs, ys, strict=True))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=LABEL[L])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("workers in the job (multi-agent jobs: agents x workers)")
+        ax.set_ylabel("restart latency (ms, median)")
+        ax.set_title("Restart latency vs job size")
+        ax.legend()
+        fig.tight_layout()
+        path = PLOTS / "scale.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(str(path))
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="every measure once, small")
+    parser.add_argument("--only", nargs="*", default=None,
+                        choices=["startup", "engine", "detection", "cpu", "restart", "scale"],
+                        help="run only these measures")
+    parser.add_argument("--doc", type=Path, default=DOC, help=f"Markdown out (default {DOC})")
+    parser.add_argument("--json", type=Path, default=BENCH / "results.json")
+    parser.add_argument("--no-doc", action="store_true", help="print, do not write the doc")
+    args = parser.parse_args(argv)
+    # a SIGTERM must unwind through run_job's cleanup, which stops the agents it started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    wanted = args.only or ["startup", "engine", "detection", "cpu", "restart", "scale"]
+    t0 = time.monotonic()
+    import torch
+
+    from fsm_agent.torch._wakeup import default_backend
+
+    results: dict[str, Any] = {"env": {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(), "kernel": platform.release(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "waker": default_backend(),
+    }}
+    steps: dict[str, Callable[[], Any]] = {
+        "startup": lambda: run_script("startup", args.smoke),
+        "engine": lambda: run_script("engine_cost", args.smoke),
+        "detection": lambda: bench_detection(args.smoke),
+        "cpu": lambda: bench_cpu(args.smoke),
+        "restart": lambda: bench_restart(args.smoke),
+        "scale": lambda: bench_scale(args.smoke),
+    }
+    for name in wanted:
+        log(f"{name} ...")
+        try:
+            results[name] = steps[name]()
+        except Exception as exc:
+            log(f"{name} failed: {type(exc).__name__}: {exc}")
+    results["env"]["wall_s"] = time.monotonic() - t0
+    results["plots"] = plot(results)
+    command = "python bench/run_all.py" + (" --smoke" if args.smoke else "") + (
+        f" --only {' '.join(args.only)}" if args.only else "")
+    notes_file = BENCH / "notes.md"
+    if notes_file.exists():
+        results["notes"] = notes_file.read_text().splitlines()
+    text = render(results, command, args.smoke)
+    args.json.write_text(json.dumps(results, indent=1, default=str))
+    if args.no_doc:
+        print(text)
+    else:
+        args.doc.write_text(text + "\n")
+        log(f"wrote {args.doc} and {args.json} ({results['env']['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
