@@ -8,6 +8,7 @@ monitor interval), so it takes a few seconds. The traces are committed; tests on
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,7 +33,14 @@ def record(name: str, spec: str, max_restarts: int, script: str) -> Path:
     ]
     proc = subprocess.run(cmd, cwd=DATA, timeout=180, capture_output=True, text=True,
                           env={**os.environ, "LOGLEVEL": "WARNING"})
-    print(f"{name}: exit {proc.returncode}, {sum(1 for _ in out.open())} lines -> {out}")
+    # The header's spec_path is this checkout's absolute path: on another machine (or in CI's
+    # clone) it names nothing or a different tree, so the committed fixture keeps the preset
+    # name only. Everything else is as the runner wrote it.
+    lines = out.read_text().splitlines(keepends=True)
+    header = json.loads(lines[0])
+    header.pop("spec_path", None)
+    out.write_text(json.dumps(header) + "\n" + "".join(lines[1:]))
+    print(f"{name}: exit {proc.returncode}, {len(lines)} lines -> {out}")
     return out
 
 

@@ -15,7 +15,7 @@ from fsm_agent import load_spec, parse_spec
 from fsm_agent._cli_tools import REGENERATE_COMMAND, diagram_main
 from fsm_agent._diagram import DiagramEngineMissing, regenerate, render, to_dot, to_mermaid
 
-from ._helpers import DATA, ROOT, SPECS
+from ._helpers import DATA, ROOT, SPECS, lines
 
 # A user spec that uses what the presets do not: several triggers and sources in one entry,
 # exit actions, after actions and both guard kinds on one edge.
@@ -248,7 +248,8 @@ def test_trace_highlight_counts_edges_and_marks_the_end(capsys) -> None:
     assert ("HEALTHY --> STOPPED : failed [has_restarts_left] / consume_restart, stop_workers "
             "✔ 1×") in edges
     assert "STOPPED --> HEALTHY : always / rendezvous, start_workers ✔ 1×" in edges
-    assert "HEALTHY --> HEALTHY : healthy [!nodes_waiting] ✔ 1×" in edges
+    ticks = sum(1 for r in lines(DATA / "fail_once_recover.jsonl") if r.get("trigger") == "healthy")
+    assert f"HEALTHY --> HEALTHY : healthy [!nodes_waiting] ✔ {ticks}×" in edges
     assert "HEALTHY --> FAILED : failed [!has_restarts_left] / stop_workers" in edges
 
 
