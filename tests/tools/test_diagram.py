@@ -270,3 +270,16 @@ def test_trace_highlight_in_dot(traced) -> None:
     raised = [e for e in graph.edges() if (e[0], e[1]) == ("HEALTHY", "UNKNOWN")
               and e.attr["style"] == "dashed"]
     assert len(raised) == 1 and "stop_workers raised" in raised[0].attr["label"]
+
+
+def test_trace_with_several_lifecycles_adds_their_counts(tmp_path: Path, capsys) -> None:
+    from ._helpers import run_traced
+
+    path = tmp_path / "two.jsonl"
+    run_traced(path, "torchrun", ["HEALTHY", "SUCCEEDED"])
+    run_traced(path, "torchrun", ["SUCCEEDED"])  # appends a second lifecycle
+    assert diagram_main(["torchrun", "--trace", str(path), "--format", "dot"]) == 0
+    dot = capsys.readouterr().out
+    assert "2 lifecycles" in dot
+    assert 'label="start\\n/ rendezvous, start_workers\\n✔ taken 2×"' in dot
+    assert 'label="healthy [!nodes_waiting]\\n✔ taken 1×"' in dot
