@@ -143,6 +143,15 @@ def _check_step(
     values = dict(recorded)
     options = "; ".join(_describe(t) for t in candidates)
     chosen, evaluated, missing = choose_transition(candidates, values)
+    failed_action = next((a for a in rec.actions if a.get("outcome") == "raised"), None)
+    if (missing is not None and failed_action is not None
+            and failed_action.get("kind") == "guard" and failed_action["name"] == missing):
+        # The guard raised while being evaluated: it has no value, and the engine moved to
+        # UNKNOWN without taking any transition.
+        if rec.dest != ERROR_STATE:
+            return None, (f"{where}: guard {missing!r} raised, so the machine must move to "
+                          f"{ERROR_STATE}, but the trace ends in {rec.dest}")
+        return None, None
     if missing is not None:
         return None, (f"{where}: on {rec.trigger!r} from {rec.source} the spec needs guard "
                       f"{missing!r}, but the trace recorded no value for it (recorded: "
@@ -159,14 +168,7 @@ def _check_step(
         return None, (f"{where}: guard has_restarts_left was recorded "
                           f"{values['has_restarts_left']}, but {remaining} restart(s) were left "
                           "after the previous step")
-    failed_action = next((a for a in rec.actions if a.get("outcome") == "raised"), None)
     if chosen is None:
-        if failed_action is not None and failed_action.get("kind") == "guard":
-            # A guard that raised aborts the step; the engine moves to UNKNOWN.
-            if rec.dest != ERROR_STATE:
-                return None, (f"{where}: guard {failed_action['name']!r} raised, so the machine "
-                              f"must move to {ERROR_STATE}, but the trace ends in {rec.dest}")
-            return None, None
         vals = ", ".join(f"{k}={v}" for k, v in recorded) or "no guards"
         return None, (f"{where}: with {vals} no transition on {rec.trigger!r} from "
                       f"{rec.source} is enabled (the spec has: {options})")

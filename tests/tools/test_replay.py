@@ -83,6 +83,15 @@ def test_action_that_raised_is_not_a_divergence(traced) -> None:
     assert res.extra_moves == {("HEALTHY", "failed", "UNKNOWN"): (1, "stop_workers raised")}
 
 
+def test_guard_that_raised_is_not_a_divergence(traced) -> None:
+    path = traced("torchelastic", ["HEALTHY"],
+                  raises={"num_nodes_waiting": RuntimeError("store down")})
+    res = _replay(path, "torchelastic")
+    assert res.ok, res.divergence
+    assert res.final_state == "UNKNOWN"
+    assert res.extra_moves == {("HEALTHY", "healthy", "UNKNOWN"): (1, "nodes_waiting raised")}
+
+
 def test_raise_failure_ends_in_failed(traced) -> None:
     path = traced("torchelastic", ["FAILED", "FAILED"], max_restarts=1)
     res = _replay(path, "torchelastic")
@@ -173,21 +182,25 @@ _OBS = st.sampled_from(["HEALTHY", "UNHEALTHY", "FAILED", "SUCCEEDED", "UNKNOWN"
                         "STOPPED"])
 
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     spec=st.sampled_from(["torchelastic", "torchrun"]),
     script=st.lists(_OBS, min_size=1, max_size=8),
     waiting=st.lists(st.integers(0, 2), max_size=4),
     max_restarts=st.integers(0, 3),
+    failing=st.sampled_from([None, "rendezvous", "start_workers", "stop_workers",
+                             "num_nodes_waiting", "exit_barrier"]),
 )
 def test_engine_traces_always_replay(tmp_path: Path, spec: str, script: list[str],
-                                     waiting: list[int], max_restarts: int) -> None:
+                                     waiting: list[int], max_restarts: int,
+                                     failing: str | None) -> None:
     path = tmp_path / "p.jsonl"
     path.unlink(missing_ok=True)
+    raises = {failing: RuntimeError("injected")} if failing else {}
     # Pad with SUCCEEDED so the script never runs dry before a final state.
     run_traced(path, spec, [*script, "SUCCEEDED"], max_restarts=max_restarts,
-               nodes_waiting=waiting)
+               nodes_waiting=waiting, raises=raises)
     res = _replay(path, spec)
     assert res.ok, res.divergence
     assert res.final_state in {"SUCCEEDED", "FAILED", "UNKNOWN", "INIT", "STOPPED"}
