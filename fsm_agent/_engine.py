@@ -327,15 +327,14 @@ class Lifecycle:
 
     # -- driving it --------------------------------------------------------------------------
 
-    def start(self) -> WorkerState:
+    def start(self) -> None:
         """Leave INIT: the first rendezvous and start, as the spec's ``start`` transition says."""
         if self._started:
             raise LifecycleError(f"[{self._ctx.role}] lifecycle already started")
         self._started = True
         self._fire(START_TRIGGER)
-        return self.state
 
-    def observe(self, result: RunResult) -> WorkerState:
+    def observe(self, result: RunResult) -> None:
         """One monitor tick: put the spec's metrics, then take the transition of ``result``."""
         ctx = self._ctx
         if self._done:
@@ -354,9 +353,8 @@ class Lifecycle:
         for name, value in plan:
             put(name, value if isinstance(value, int) else getattr(ctx, value))
         self._fire(trigger)
-        return self.state
 
-    def fire(self, trigger: str) -> WorkerState:
+    def fire(self, trigger: str) -> None:
         """Fire one of the spec's own ``triggers`` (for embedding programs)."""
         if trigger not in self.spec.triggers:
             raise LifecycleError(
@@ -366,7 +364,6 @@ class Lifecycle:
         if self._done:
             raise LifecycleError(f"[{self._ctx.role}] lifecycle already finished")
         self._fire(trigger)
-        return self.state
 
     def run(
         self, monitor_interval: float, sleep: Callable[[float], object] = time.sleep

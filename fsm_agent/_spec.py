@@ -115,18 +115,6 @@ class TransitionSpec:
     index: int = 0
     line: int | None = None
 
-    @property
-    def label(self) -> str:
-        """``trigger [guards] / actions``, as the diagrams draw it."""
-        conds = [*self.guards, *(f"!{g}" for g in self.unless)]
-        text = "|".join(self.triggers)
-        if conds:
-            text += f" [{' & '.join(conds)}]"
-        acts = [*self.actions, *self.after]
-        if acts:
-            text += " / " + ", ".join(acts)
-        return text
-
     def holds_with(self, assignment: Mapping[str, bool]) -> bool:
         """Whether the guards pass under ``assignment`` (guard name -> value)."""
         return all(assignment[g] for g in self.guards) and not any(
