@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine_cost import NullDriver  # noqa: E402
+from engine_cost import NullDriver
 
 
 def _median_us(fn: Any, n: int, repeat: int = 7) -> float:

@@ -376,7 +376,8 @@ def plot(results: dict[str, Any]) -> list[str]:
     if det:
         fig, ax = plt.subplots(figsize=(6, 3.2))
         keys = [k for k in det if det[k]]
-        ax.boxplot([[x * 1e3 for x in det[k]] for k in keys], labels=keys)
+        ax.boxplot([[x * 1e3 for x in det[k]] for k in keys])
+        ax.set_xticks(range(1, len(keys) + 1), keys)
         ax.set_yscale("log")
         ax.set_ylabel("worker exit -> FAILED observed (ms, log)")
         ax.set_title("Failure detection latency")
@@ -479,7 +480,10 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             log(f"{name} failed: {type(exc).__name__}: {exc}")
     results["env"]["wall_s"] = time.monotonic() - t0
-    results["plots"] = plot(results)
+    try:
+        results["plots"] = plot(results)
+    except Exception as exc:  # a plotting problem must not cost the figures
+        results["plots"], results["plots_note"] = [], f"not drawn: {type(exc).__name__}: {exc}"
     command = "python bench/run_all.py" + (" --smoke" if args.smoke else "") + (
         f" --only {' '.join(args.only)}" if args.only else "")
     notes_file = BENCH / "notes.md"

@@ -62,7 +62,7 @@ def measure(smoke: bool) -> dict[str, Any]:
     cpu: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(repeat):
         for name in names:  # interleaved, so that load from elsewhere hits every command alike
-            if name.startswith("import torch") and len(times[name]) >= 3:
+            if name.startswith("import torch") and len(times[name]) >= (1 if smoke else 3):
                 continue  # a reference only, and 2-5 s a run
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()

@@ -19,7 +19,7 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
 from fsm_agent.torch._driver import TorchDriver
-from fsm_agent.torch._fastpath import fast_rendezvous
+from fsm_agent.torch._fastpath import cheap_rendezvous_events, fast_rendezvous
 from fsm_agent.torch._heartbeat import HangWatchdogMixin  # issue 7
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin  # issue 7
 from fsm_agent.torch._wakeup import WorkerExitWaker
@@ -221,7 +221,8 @@ class LifecycleAgentMixin:
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         """torch's ``run()``; afterwards the per-round worker store is released."""
         try:
-            return super().run(role)  # type: ignore[misc, no-any-return]
+            with cheap_rendezvous_events():  # issue 6: torch's events without inspect.stack()
+                return super().run(role)  # type: ignore[misc, no-any-return]
         finally:
             self._fsm_driver.close()
             waker = self._fsm_exit_waker  # issue 6

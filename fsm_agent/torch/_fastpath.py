@@ -35,7 +35,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["DEFAULT_SYNC_POLL", "fast_rendezvous"]
+__all__ = ["DEFAULT_SYNC_POLL", "cheap_rendezvous_events", "fast_rendezvous"]
 
 #: Store poll period while waiting for other nodes, instead of torch's 1 s. At 0.1 s, 8 waiting
 #: agents add 80 small ``get`` requests per second to the store for as long as they wait.
@@ -96,3 +96,27 @@ def fast_rendezvous(
         dyn.get_method_name = original_name
         if isinstance(cache, (int, float)):
             holder._cache_duration = cache  # type: ignore[union-attr]
+
+
+@contextlib.contextmanager
+def cheap_rendezvous_events() -> Iterator[None]:
+    """Replace torch's ``get_method_name`` (two ``inspect.stack()`` per call) for a whole run.
+
+    Besides the rendezvous itself, torch's keep-alive thread calls it every 5 s (10-15 ms of CPU
+    per call in an agent process, the larger the more modules are loaded): most of an idle
+    agent's CPU time outside its monitor ticks. The result is the same function name.
+    """
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+    except ImportError:  # pragma: no cover - torch without elastic
+        yield
+        return
+    original = getattr(dyn, "get_method_name", None)
+    if not callable(original):
+        yield
+        return
+    dyn.get_method_name = _method_name
+    try:
+        yield
+    finally:
+        dyn.get_method_name = original

@@ -21,7 +21,7 @@ never a wrong result.
 Backends, chosen once per waker (``backend=`` forces one, for tests and for odd platforms):
 
 ``pidfd``
-    Linux 5.3+: ``os.pidfd_open(pid)`` per worker, all in one ``selectors`` selector (epoll). A
+    Linux 5.3+: ``os.pidfd_open(pid)`` per worker, all in one ``select.poll`` set. A
     pidfd refers to the process itself, not to its number, becomes readable when the process
     terminates, and does not reap it, so torch's ``Popen.poll()`` / ``Process.join()`` still get
     the exit code. Works for both of torch's contexts (``SubprocessContext``: binaries, the
@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import selectors
 import sys
 import threading
 import time
@@ -57,6 +56,38 @@ from typing import Any
 __all__ = ["WorkerExitWaker", "available_backends", "default_backend", "fast_popen_waits"]
 
 _BACKENDS = ("pidfd", "thread", "tick")
+
+
+class _Poller:
+    """``select.poll`` with a payload per fd: one system call per wait and little Python around
+    it (the wait runs ten times a second for as long as the job lives, ``selectors`` costs about
+    twice the CPU of ``time.sleep`` per call here, this about 1.3 times)."""
+
+    __slots__ = ("_data", "_poll")
+
+    def __init__(self) -> None:
+        self._poll = select.poll()
+        self._data: dict[int, Any] = {}
+
+    def register(self, fd: int, data: Any) -> None:
+        if fd in self._data:
+            raise KeyError(fd)
+        self._poll.register(fd, select.POLLIN)
+        self._data[fd] = data
+
+    def unregister(self, fd: int) -> None:
+        if self._data.pop(fd, _MISSING) is not _MISSING:
+            self._poll.unregister(fd)
+
+    def items(self) -> list[tuple[int, Any]]:
+        return list(self._data.items())
+
+    def poll(self, timeout: float) -> list[tuple[int, Any]]:
+        ready = self._poll.poll(timeout * 1000.0)
+        return [(fd, self._data[fd]) for fd, _ in ready if fd in self._data] if ready else []
+
+
+_MISSING = object()
 
 
 def _pidfd_works() -> bool:
@@ -178,14 +209,14 @@ class WorkerExitWaker:
         if backend not in available_backends():
             raise ValueError(f"waker backend {backend!r} is not available on this system")
         self.backend: str = backend
-        self._selector: selectors.BaseSelector | None = None
+        self._selector: _Poller | None = None
         self._wake_r, self._wake_w = -1, -1
         if backend != "tick":
-            self._selector = selectors.DefaultSelector()
+            self._selector = _Poller()
             self._wake_r, self._wake_w = os.pipe()
             os.set_blocking(self._wake_r, False)
             os.set_blocking(self._wake_w, False)
-            self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+            self._selector.register(self._wake_r, None)
         self._pidfds: list[int] = []
         self._generation = 0
         self._lock = threading.Lock()
@@ -231,7 +262,7 @@ class WorkerExitWaker:
         assert self._selector is not None
         for fd in ret_fds.values():
             try:
-                self._selector.register(fd, selectors.EVENT_READ, ("ret", fd))
+                self._selector.register(fd, ("ret", fd))
             except (ValueError, KeyError, OSError):
                 continue
 
@@ -248,7 +279,7 @@ class WorkerExitWaker:
             self._pending += 1
             return
         self._pidfds.append(fd)
-        self._selector.register(fd, selectors.EVENT_READ, ("pid", pid))
+        self._selector.register(fd, ("pid", pid))
 
     def _watch_thread(self, pid: int) -> None:
         generation = self._generation
@@ -270,9 +301,9 @@ class WorkerExitWaker:
     def unwatch(self) -> None:
         """Stop watching the current workers (their fds are closed; threads are abandoned)."""
         if self._selector is not None:
-            for key in list(self._selector.get_map().values()):
-                if key.data is not None:
-                    self._selector.unregister(key.fileobj)
+            for fd, data in self._selector.items():
+                if data is not None:
+                    self._selector.unregister(fd)
         for fd in self._pidfds:
             os.close(fd)
         self._pidfds.clear()
@@ -316,22 +347,25 @@ class WorkerExitWaker:
         if self._selector is None:
             time.sleep(max(timeout, 0.0))
             return False
-        deadline = time.monotonic() + max(timeout, 0.0)
+        remaining = max(timeout, 0.0)
+        deadline = time.monotonic() + remaining
         while True:
-            remaining = deadline - time.monotonic()
-            events = self._selector.select(max(remaining, 0.0))
-            woke = self._consume(events)
-            if woke:
+            events = self._selector.poll(remaining)
+            if not events:
+                return False  # the common case: a plain tick
+            if self._consume(events):
                 self.wakeups += 1
                 return True
-            if remaining <= 0 or time.monotonic() >= deadline:
+            # only stale events (an exit of replaced workers): wait out the rest of the tick
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return False
 
-    def _consume(self, events: Iterable[tuple[selectors.SelectorKey, int]]) -> bool:
+    def _consume(self, events: Iterable[tuple[int, Any]]) -> bool:
         assert self._selector is not None
         woke = False
-        for key, _mask in events:
-            if key.data is None:  # the wake pipe
+        for fd, data in events:
+            if data is None:  # the wake pipe
                 try:
                     while os.read(self._wake_r, 4096):
                         pass
@@ -343,10 +377,8 @@ class WorkerExitWaker:
                 if self.backend == "thread":
                     woke |= self._collect_thread_exits()
                 continue
-            self._selector.unregister(key.fileobj)
-            kind, _value = key.data
-            if kind == "pid":
-                fd = int(key.fd)
+            self._selector.unregister(fd)
+            if data[0] == "pid":
                 os.close(fd)
                 self._pidfds.remove(fd)
             woke = True
@@ -363,9 +395,7 @@ class WorkerExitWaker:
     def close(self) -> None:
         """Release fds; the waker must not be used afterwards."""
         self.unwatch()
-        if self._selector is not None:
-            self._selector.close()
-            self._selector = None
+        self._selector = None
         for fd in (self._wake_r, self._wake_w):
             if fd >= 0:
                 os.close(fd)
