@@ -21,7 +21,7 @@ from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureExcepti
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._fastpath import cheap_rendezvous_events, fast_rendezvous
 from fsm_agent.torch._heartbeat import HangWatchdogMixin  # issue 7
-from fsm_agent.torch._reaper import ProcessGroupReaperMixin  # issue 7
+from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption  # issue 7
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class LifecycleAgentMixin:
     _worker_group: WorkerGroup
     _remaining_restarts: int
     _exit_barrier_timeout: float
+    _fsm_restarts_seen: int = 0  # restart_count of the last step: tells counted restarts apart
     _fsm_exit_waker: WorkerExitWaker | None = None  # issue 6: created on first wait
     _fsm_rendezvoused: bool = False  # issue 6: the first rendezvous keeps torch's start-up skew
 
@@ -118,6 +119,7 @@ class LifecycleAgentMixin:
             listeners=(self._follow_step, *self._lifecycle_listeners),
         )
         self._fsm_driver.bind(lifecycle)
+        self._fsm_restarts_seen = 0
         return lifecycle
 
     def _follow_step(self, step: Step) -> None:
@@ -125,7 +127,8 @@ class LifecycleAgentMixin:
         # (observed state, STOPPED during a restart, HEALTHY after a start, FAILED on giving up).
         if step.dest is not None:
             self._worker_group.state = WorkerState[step.dest]
-        counted = step.remaining_restarts < self._remaining_restarts
+        counted = step.restart_count > self._fsm_restarts_seen
+        self._fsm_restarts_seen = step.restart_count
         self._remaining_restarts = step.remaining_restarts
         if step.dest == "STOPPED" and step.error is None:
             role = self._worker_group.spec.role
@@ -164,6 +167,10 @@ class LifecycleAgentMixin:
             if result is not None:
                 self._record_metrics(result)  # type: ignore[attr-defined]
                 self._record_worker_events(result)  # type: ignore[attr-defined]
+            raise
+        except BaseException as e:
+            # issue 7: a signal between two transitions still gives the trace a final record.
+            record_interruption(lifecycle, self._lifecycle_listeners, e)
             raise
         finally:
             self._fsm_driver.sync_counters()

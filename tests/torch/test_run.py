@@ -61,6 +61,8 @@ def test_fail_once_then_recover_sees_restart_count_1(jobs: Jobs) -> None:
     # first attempt wrote to the workers' store (torch's shared store would still hold it).
     assert [r["saw_earlier_attempt"] for r in by_attempt["1"] if r["RANK"] == "1"] == [False]
     assert job.barrier_count() == 1
+    assert "worker group FAILED; restart 1 of 1" in job.output
+    assert "membership change" not in job.output
 
 
 @pytest.mark.timeout(90)
@@ -187,8 +189,8 @@ def _outcome(job: Job, rc: int) -> tuple[int, int, list[str], str | None]:
     "env",
     [
         {},
-        {"FAIL_RANKS": "1", "FAIL_ATTEMPTS": "0", "FAIL_CODE": "3"},
-        {"FAIL_RANKS": "0", "FAIL_CODE": "5"},
+        {"FAIL_RANKS": "1", "FAIL_ATTEMPTS": "0", "FAIL_CODE": "3", "FAIL_LAST": "1"},
+        {"FAIL_RANKS": "0", "FAIL_CODE": "5", "FAIL_LAST": "1"},
     ],
     ids=["success", "fail-once", "always-fails"],
 )
@@ -199,3 +201,20 @@ def test_parity_with_torchrun(jobs: Jobs, env: dict[str, str]) -> None:
     got = _outcome(ours, ours.wait(100))
     want = _outcome(theirs, theirs.wait(100))
     assert got == want, (ours.output[-3000:], theirs.output[-3000:])
+
+
+@pytest.mark.timeout(60)
+def test_bad_spec_is_one_clear_error_and_help_lists_torchrun_flags(jobs: Jobs) -> None:
+    bad = jobs.tmp_path / "bad.yaml"
+    bad.write_text("name: broken\n")
+    job = jobs.start(["--standalone", "--spec", str(bad)], ENV_WORKER)
+    assert job.wait(50) == 2
+    lines = job.output.strip().splitlines()
+    assert lines[0] == f"fsm-agent run: error: --spec: {bad}:1: missing required key 'description'"
+    assert "Traceback" not in job.output
+    assert job.records() == []
+    helped = jobs.start(["--help"], "", name="help")
+    assert helped.wait(50) == 0
+    for flag in ("--nproc-per-node", "--rdzv-endpoint", "--max-restarts", "--standalone",
+                 "--spec", "--exit-barrier-timeout", "--trace"):
+        assert flag in helped.output

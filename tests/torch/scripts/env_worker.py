@@ -6,6 +6,8 @@ Environment read (besides torch's):
   FAIL_RANKS       comma-separated global ranks that exit with FAIL_CODE ...
   FAIL_ATTEMPTS    ... on these restart counts ("all" = every attempt; default "all")
   FAIL_CODE        exit code of a failing rank (default 1)
+  FAIL_LAST        "1": a failing rank first waits (up to 30 s) until every other rank of its
+                   attempt has finished, so which ranks failed does not depend on timing
   SLEEP            seconds to sleep before finishing (default 0)
   SLEEP_GROUP_RANK only sleep on this group rank (default: every rank sleeps)
   UNTIL_WORLD_SIZE sleep forever unless WORLD_SIZE equals it (membership-change tests)
@@ -27,6 +29,14 @@ KEYS = (
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE",
 )
+
+
+def _finished(path: str) -> bool:
+    try:
+        with open(path) as f:
+            return "finished" in json.load(f)
+    except (OSError, ValueError):
+        return False
 
 
 def main() -> int:
@@ -65,6 +75,14 @@ def main() -> int:
     attempts = env.get("FAIL_ATTEMPTS", "all")
     fails_now = attempts == "all" or str(attempt) in attempts.split(",")
     if rank in fail_ranks and fails_now:
+        if env.get("FAIL_LAST") == "1":
+            world = int(env["WORLD_SIZE"])
+            others = [os.path.join(env["OUT_DIR"],
+                                   f"attempt{attempt}_rank{r}_ws{env['WORLD_SIZE']}.json")
+                      for r in range(world) if r not in fail_ranks]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not all(_finished(f) for f in others):
+                time.sleep(0.02)
         write(finished=time.time(), exit=int(env.get("FAIL_CODE", "1")))
         return int(env.get("FAIL_CODE", "1"))
     sleep_group = env.get("SLEEP_GROUP_RANK")
