@@ -1,0 +1,181 @@
+"""Scripts for the conformance kit: what the monitored world does, tick by tick.
+
+A *script* is a :class:`RunConfig` (the supervisor's settings and whether the first rendezvous or
+start fails) plus a sequence of :class:`Tick` s. Tick ``i`` is what the ``i``-th monitor call
+returns, how many nodes wait to join if the supervisor asks during that tick, how the exit barrier
+ends if it is entered during that tick, and which hook (if any) raises the first time it is
+called during that tick. The same script drives torch's ``SimpleElasticAgent``, a ``Lifecycle``
+and the reference model, so their recorded calls can be compared line by line.
+
+The strategies weight the common cases (HEALTHY ticks, failures, no fault) so that generated runs
+are long enough to exhaust a few restarts, and list the simplest value first so that hypothesis
+shrinks towards "healthy, nobody waiting, barrier ok, no fault".
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+from hypothesis import strategies as st
+
+if TYPE_CHECKING:
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+
+__all__ = [
+    "BARRIER_OUTCOMES",
+    "HOOKS",
+    "INIT_FAULTS",
+    "RunConfig",
+    "Tick",
+    "run_configs",
+    "scripts",
+    "ticks",
+]
+
+#: Hooks that a tick may make raise (on their first call during that tick).
+HOOKS: tuple[str, ...] = (
+    "monitor",
+    "num_nodes_waiting",
+    "stop_workers",
+    "rendezvous",
+    "start_workers",
+)
+#: Hooks that may fail before the first monitor tick.
+INIT_FAULTS: tuple[str | None, ...] = (None, "rendezvous", "start_workers")
+#: How the exit barrier ends: returns, raises, or times out (raises torch's ``DistStoreError``).
+BARRIER_OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout")
+
+_STATE_NAMES = ("UNKNOWN", "INIT", "HEALTHY", "UNHEALTHY", "STOPPED", "SUCCEEDED", "FAILED")
+
+
+@functools.cache
+def _torch() -> Any:
+    # torch takes a second to import; the kit needs it only once a script is built or run.
+    from torch.distributed.elastic.agent.server import api
+
+    return api
+
+
+def worker_state(name: str) -> WorkerState:
+    """torch's ``WorkerState`` member called ``name``."""
+    return _torch().WorkerState[name]  # type: ignore[no-any-return]
+
+
+@attrs.frozen
+class RunConfig:
+    """The supervisor's settings for one run, and whether its first rendezvous/start fails."""
+
+    max_restarts: int = 3
+    exit_barrier_timeout: float = 300.0
+    role: str = "default"
+    monitor_interval: float = 0.1
+    init_fault: str | None = None
+
+    def describe(self) -> str:
+        """One line for the counterexample table."""
+        fault = f", {self.init_fault} raises at start" if self.init_fault else ""
+        return (f"role={self.role!r} max_restarts={self.max_restarts} "
+                f"exit_barrier_timeout={self.exit_barrier_timeout:g} "
+                f"monitor_interval={self.monitor_interval:g}{fault}")
+
+
+@attrs.frozen
+class Tick:
+    """One monitor tick of a script."""
+
+    observed: str = "HEALTHY"
+    nodes_waiting: int = 0
+    barrier: str = "ok"
+    fault: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.observed not in _STATE_NAMES:
+            raise ValueError(f"Tick.observed must be a WorkerState name, got {self.observed!r}")
+        if self.barrier not in BARRIER_OUTCOMES:
+            raise ValueError(
+                f"Tick.barrier must be one of {BARRIER_OUTCOMES}, got {self.barrier!r}")
+        if self.fault is not None and self.fault not in HOOKS:
+            raise ValueError(f"Tick.fault must be None or one of {HOOKS}, got {self.fault!r}")
+
+
+def fault_error(hook: str, tick: int) -> RuntimeError:
+    """The exception a scripted hook raises (tick 0 is the start, before the first monitor)."""
+    return RuntimeError(f"scripted {hook} failure at tick {tick}")
+
+
+def barrier_error(outcome: str) -> Exception:
+    """The exception the scripted exit barrier raises for ``outcome`` ("error" or "timeout")."""
+    if outcome == "timeout":
+        from torch.distributed import DistStoreError
+
+        return DistStoreError("scripted exit barrier timeout")  # type: ignore[no-any-return]
+    return RuntimeError("scripted exit barrier error")
+
+
+@functools.lru_cache(maxsize=4096)
+def monitor_result(tick: int, observed: str) -> RunResult:
+    """The ``RunResult`` the ``tick``-th monitor call returns when it observes ``observed``.
+
+    Return values and failures are tagged with the tick so that a supervisor which returns the
+    wrong tick's result is caught.
+    """
+    api = _torch()
+    state = api.WorkerState[observed]
+    return_values: dict[int, Any] = {}
+    failures: dict[int, Any] = {}
+    if observed == "SUCCEEDED":
+        return_values = {0: f"ret@{tick}"}
+    elif observed == "FAILED":
+        failures = {0: api.ProcessFailure(local_rank=0, pid=10_000 + tick, exitcode=1,
+                                          error_file="<none>")}
+    return api.RunResult(state=state, return_values=return_values, failures=failures)
+
+
+# Listed with the simplest first (hypothesis shrinks towards the start of a sampled_from list);
+# repeats weight the draw.
+_OBSERVED = ("HEALTHY", "HEALTHY", "HEALTHY", "FAILED", "FAILED", "UNHEALTHY", "UNHEALTHY",
+             "SUCCEEDED", "UNKNOWN", "INIT", "STOPPED")
+_FAULTS: tuple[str | None, ...] = (None,) * 14 + HOOKS
+
+
+def run_configs(
+    *,
+    max_restarts: Sequence[int] = range(6),
+    exit_barrier_timeouts: Sequence[float] = (300.0, 0.5),
+    roles: Sequence[str] = ("default", "trainer"),
+    monitor_intervals: Sequence[float] = (0.1, 5.0),
+    init_faults: Sequence[str | None] = (None,) * 10 + INIT_FAULTS[1:],
+) -> st.SearchStrategy[RunConfig]:
+    """Run settings: max_restarts 0..5, two barrier timeouts, two roles, rare start failures."""
+    return st.builds(
+        RunConfig,
+        max_restarts=st.sampled_from(list(max_restarts)),
+        exit_barrier_timeout=st.sampled_from(list(exit_barrier_timeouts)),
+        role=st.sampled_from(list(roles)),
+        monitor_interval=st.sampled_from(list(monitor_intervals)),
+        init_fault=st.sampled_from(list(init_faults)),
+    )
+
+
+def ticks(*, faults: bool = True) -> st.SearchStrategy[Tick]:
+    """One tick: all seven observed states, 0..2 nodes waiting, barrier ok/error/timeout, faults."""
+    return st.builds(
+        Tick,
+        observed=st.sampled_from(_OBSERVED),
+        nodes_waiting=st.sampled_from((0, 0, 0, 1, 2)),
+        barrier=st.sampled_from(("ok", "ok", "error", "timeout")),
+        fault=st.sampled_from(_FAULTS if faults else (None,)),
+    )
+
+
+def scripts(
+    *, max_ticks: int = 16, faults: bool = True, configs: st.SearchStrategy[RunConfig] | None = None
+) -> st.SearchStrategy[tuple[RunConfig, tuple[Tick, ...]]]:
+    """A whole script: a config and up to ``max_ticks`` ticks."""
+    return st.tuples(
+        configs if configs is not None else run_configs(),
+        st.lists(ticks(faults=faults), max_size=max_ticks).map(tuple),
+    )
