@@ -46,9 +46,15 @@ def test_success_sets_worker_env_and_runs_the_barrier_once(jobs: Jobs) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_fail_once_then_recover_sees_restart_count_1(jobs: Jobs) -> None:
+@pytest.mark.parametrize("rdzv", ["standalone", "static"])
+def test_fail_once_then_recover_sees_restart_count_1(jobs: Jobs, rdzv: str) -> None:
     env = {"FAIL_RANKS": "1", "FAIL_ATTEMPTS": "0", "FAIL_CODE": "4", "PROBE_RANKS": "1"}
-    job = jobs.start([*STANDALONE, "--max-restarts", "1"], ENV_WORKER, env=env)
+    if rdzv == "standalone":  # c10d: torch's handler builds each round's store
+        args = STANDALONE
+    else:  # static: the agent starts each attempt's store itself
+        args = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port",
+                str(free_port()), "--nproc-per-node", "2", *FAST]
+    job = jobs.start([*args, "--max-restarts", "1"], ENV_WORKER, env=env)
     assert job.wait(50) == 0, job.output
     by_attempt: dict[str, list[dict[str, object]]] = {}
     for r in job.records():
