@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import attrs
 from hypothesis import HealthCheck, Phase, given
+from hypothesis import strategies as st
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
 from hypothesis.stateful import (
@@ -51,7 +52,6 @@ from ._strategies import (
     fault_error,
     monitor_result,
     run_configs,
-    scripts,
     ticks,
 )
 
@@ -67,6 +67,7 @@ __all__ = [
     "compare_traces",
     "conformance_machine",
     "default_settings",
+    "draw_case",
     "render_table",
     "run_conformance",
     "run_script",
@@ -428,6 +429,9 @@ def resolve_target(target: Any, spec: Any = "torchrun") -> _Target:
 
         if issubclass(target, Lifecycle):
             cls = target
+            from fsm_agent import load_spec
+
+            spec = load_spec(spec)  # once, not per run
 
             def lifecycle(driver: Any, **kw: Any) -> Any:
                 return cls(spec, driver, **kw)
@@ -657,6 +661,30 @@ def check_script(
     return actual
 
 
+def draw_case(
+    data: Any,
+    oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
+    *,
+    configs: st.SearchStrategy[RunConfig] | None = None,
+    max_ticks: int = 16,
+    faults: bool = True,
+) -> tuple[RunConfig, tuple[Tick, ...], Trace]:
+    """Draw a config, then ticks one at a time until the reference run is over.
+
+    Drawing lazily keeps every tick of a script meaningful: a list drawn up front would mostly
+    hold ticks after the run ended, which cost generation and shrinking time and test nothing.
+    Returns the config, the script and the reference trace for it.
+    """
+    config = data.draw(configs if configs is not None else run_configs(), label="config")
+    tick_strategy = ticks(faults=faults)
+    script: list[Tick] = []
+    expected = oracle(config, script)
+    while isinstance(expected.outcome, Pending) and len(script) < max_ticks:
+        script.append(data.draw(tick_strategy, label=f"tick {len(script) + 1}"))
+        expected = oracle(config, script)
+    return config, tuple(script), expected
+
+
 # -- the state machine -----------------------------------------------------------------------
 
 
@@ -807,10 +835,10 @@ def run_conformance(
     configs = run_configs().map(tgt.project)
 
     @settings
-    @given(scripts(configs=configs))
-    def conformance(case: tuple[RunConfig, tuple[Tick, ...]]) -> None:
-        config, script = case
-        check_script(tgt, config, script, expected=oracle(config, script), spec_label=label)
+    @given(st.data())
+    def conformance(data: Any) -> None:
+        config, script, expected = draw_case(data, oracle, configs=configs)
+        check_script(tgt, config, script, expected=expected, spec_label=label)
 
     if seed is not None:
         conformance = hypothesis_seed(seed)(conformance)

@@ -136,11 +136,12 @@ def monitor_result(tick: int, observed: str) -> RunResult:
 
 # Listed with the simplest first (hypothesis shrinks towards the start of a sampled_from list);
 # repeats weight the draw.
-_OBSERVED = ("HEALTHY", "HEALTHY", "HEALTHY", "FAILED", "FAILED", "UNHEALTHY", "UNHEALTHY",
-             "SUCCEEDED", "UNKNOWN", "INIT", "STOPPED")
+_OBSERVED = ("HEALTHY",) * 4 + ("FAILED",) * 3 + ("UNHEALTHY",) * 3 + (
+    "SUCCEEDED", "SUCCEEDED", "UNKNOWN", "INIT", "STOPPED")
 _FAULTS: tuple[str | None, ...] = (None,) * 14 + HOOKS
 
 
+@functools.cache
 def run_configs(
     *,
     max_restarts: Sequence[int] = range(6),
@@ -160,6 +161,7 @@ def run_configs(
     )
 
 
+@functools.cache
 def ticks(*, faults: bool = True) -> st.SearchStrategy[Tick]:
     """One tick: all seven observed states, 0..2 nodes waiting, barrier ok/error/timeout, faults."""
     return st.builds(

@@ -10,7 +10,13 @@ import attrs
 from hypothesis import HealthCheck, settings
 
 from fsm_agent import Lifecycle
-from fsm_agent.testing._conformance import compare_traces, render_table, run_script
+from fsm_agent.testing._conformance import (
+    compare_traces,
+    draw_case,
+    render_table,
+    resolve_target,
+    run_script,
+)
 from fsm_agent.testing._reference import Raised, Returned, Trace, reference_trace
 from fsm_agent.testing._strategies import RunConfig, Tick
 
@@ -26,6 +32,16 @@ DIFFERENTIAL = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     report_multiple_bugs=False,
 )
+
+
+_LIFECYCLES: dict[Any, Any] = {}
+
+
+def _lifecycle(spec: Any) -> Any:
+    key = spec if isinstance(spec, str) else id(spec)
+    if key not in _LIFECYCLES:
+        _LIFECYCLES[key] = resolve_target(Lifecycle, spec)
+    return _LIFECYCLES[key]
 
 
 def ours_from_torch(torch_trace: Trace) -> Trace:
@@ -46,21 +62,28 @@ def ours_from_torch(torch_trace: Trace) -> Trace:
     return attrs.evolve(torch_trace, outcome=out, state=state)
 
 
+def draw_script(data: Any, preset: str) -> tuple[RunConfig, tuple[Tick, ...]]:
+    """A generated script, drawn tick by tick until the preset's reference run is over."""
+    config, script, _ = draw_case(data, lambda c, s: reference_trace(preset, c, s))
+    return config, script
+
+
 def differential(reference_agent: Any, preset: str, config: RunConfig, script: Sequence[Tick],
                  spec: Any = None) -> list[str]:
     """Run torch's (or the seed's) agent and ``Lifecycle`` on one script; list what differs."""
     theirs = run_script(reference_agent, config, script)
-    ours = run_script(Lifecycle, config, script, spec=spec if spec is not None else preset)
+    ours = run_script(_lifecycle(spec if spec is not None else preset), config, script)
     want = ours_from_torch(theirs)
     problems = []
     if want != ours:
         fields = [f.name for f in attrs.fields(Trace) if getattr(want, f.name) != getattr(ours,
                                                                                         f.name)]
-        problems.append(f"fsm_agent differs from {getattr(reference_agent, '__name__', '?')} in "
+        problems.append(f"fsm_agent differs from {name} in "
                         f"{', '.join(fields)}:\n" + render_table(config, script, want, ours))
     table = reference_trace(preset, config, script)
+    name = getattr(reference_agent, "__name__", "?")
     bad = compare_traces(table, theirs)
     if bad:
-        problems.append(f"the reference table differs from {reference_agent.__name__} in "
+        problems.append(f"the reference table differs from {name} in "
                         f"{', '.join(bad)}:\n" + render_table(config, script, table, theirs))
     return problems
