@@ -33,9 +33,9 @@ from typing import Any, ClassVar
 
 import attrs
 from hypothesis import HealthCheck, Phase, given
-from hypothesis import strategies as st
 from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
+from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,

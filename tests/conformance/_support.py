@@ -74,6 +74,7 @@ def differential(reference_agent: Any, preset: str, config: RunConfig, script: S
     theirs = run_script(reference_agent, config, script)
     ours = run_script(_lifecycle(spec if spec is not None else preset), config, script)
     want = ours_from_torch(theirs)
+    name = getattr(reference_agent, "__name__", "?")
     problems = []
     if want != ours:
         fields = [f.name for f in attrs.fields(Trace) if getattr(want, f.name) != getattr(ours,
@@ -81,7 +82,6 @@ def differential(reference_agent: Any, preset: str, config: RunConfig, script: S
         problems.append(f"fsm_agent differs from {name} in "
                         f"{', '.join(fields)}:\n" + render_table(config, script, want, ours))
     table = reference_trace(preset, config, script)
-    name = getattr(reference_agent, "__name__", "?")
     bad = compare_traces(table, theirs)
     if bad:
         problems.append(f"the reference table differs from {name} in "
