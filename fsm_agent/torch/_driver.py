@@ -45,8 +45,9 @@ class TorchDriver:
     - ``stop_workers``: ``agent._stop_workers(group)``.
     - ``monitor``: ``agent._monitor_workers(group)``; group state := observed state.
     - ``num_nodes_waiting``: the rendezvous handler's.
-    - ``exit_barrier``: ``torch.distributed.elastic.utils.store.barrier`` on the agent's store
-      with torch's key prefix, so torch agents and ours can meet at one barrier. Errors
+    - ``exit_barrier``: torch's store barrier (same keys, same key prefix, so torch agents and
+      ours can meet at one barrier), waiting so that a signal interrupts it
+      (``fsm_agent.torch._barrier``). Errors
       propagate; the lifecycle decides what they mean.
     - ``put_metric``: ``torch.distributed.elastic.metrics.put_metric``.
 
@@ -144,19 +145,21 @@ class TorchDriver:
 
     def exit_barrier(self, timeout: float) -> None:
         """Wait for every agent of the group on the rendezvous store, like torch's agent."""
-        import torch.distributed.elastic.utils.store as store_util
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+
+        from fsm_agent.torch._barrier import interruptible_barrier  # issue 7
 
         self.sync_counters()
         group = self.worker_group
         # LocalElasticAgent's health check reports "alive" while this flag is set.
         self.agent._in_exit_barrier = True
         try:
-            store_util.barrier(
+            # issue 7: torch's store barrier blocks signals for the whole timeout; same keys.
+            interruptible_barrier(
                 store=self.agent._store,
                 world_size=group.group_world_size,
                 key_prefix=_TERMINAL_STATE_SYNC_ID,
-                barrier_timeout=timeout,
+                timeout=timeout,
             )
         finally:
             self.agent._in_exit_barrier = False

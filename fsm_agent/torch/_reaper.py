@@ -21,10 +21,16 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["ProcessGroupReaperMixin", "live_group_members", "reap_process_groups"]
+__all__ = [
+    "INTERRUPT_TRIGGER",
+    "ProcessGroupReaperMixin",
+    "live_group_members",
+    "reap_process_groups",
+    "record_interruption",
+]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -102,7 +108,49 @@ class ProcessGroupReaperMixin:
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         groups = self._worker_process_groups()
+        # Not in a finally: if torch's shutdown is interrupted (a signal during a restart's stop),
+        # torch's run() shuts down again, with the signal and the configured timeout, and reaps
+        # then; reaping here would wait this call's timeout (30 s on a restart) first.
+        super()._shutdown(death_sig, timeout)  # type: ignore[misc]
+        reap_process_groups(groups, death_sig, timeout)
+
+
+def record_interruption(
+    lifecycle: Any, listeners: Iterable[Callable[[Any], None]], err: BaseException
+) -> None:
+    """Give ``listeners`` (the trace writer) a final step when ``err`` ends a lifecycle between
+    two transitions (a termination signal during the monitor wait, say).
+
+    A signal that arrives *during* a transition (an action such as ``exit_barrier`` or
+    ``stop_workers``) already ends the trace: the engine records that step with its error. One
+    that arrives between transitions would leave the trace without an ending, as if the agent had
+    vanished. The step has trigger ``"signal"`` (no spec transition: the lifecycle was
+    interrupted, not driven), source and destination the state the machine was in, and ``error``
+    naming the exception, as the engine writes it.
+    """
+    if lifecycle is None or lifecycle.done:
+        return
+    from fsm_agent import Step
+
+    state = lifecycle.state_name
+    step = Step(
+        trigger=INTERRUPT_TRIGGER,
+        source=state,
+        wall_time=time.time(),
+        monotonic_time=time.monotonic(),
+        role=lifecycle.context.role,
+        dest=state,
+        remaining_restarts=lifecycle.remaining_restarts,
+        restart_count=lifecycle.restart_count,
+        error=f"{type(err).__name__}: {err}",
+    )
+    for listener in listeners:
         try:
-            super()._shutdown(death_sig, timeout)  # type: ignore[misc]
-        finally:
-            reap_process_groups(groups, death_sig, timeout)
+            listener(step)
+        except Exception:
+            # Same rule as the engine's: an observer must not change the job's outcome.
+            logger.exception("lifecycle listener %r failed on the final step", listener)
+
+
+#: The trigger of the final step :func:`record_interruption` writes.
+INTERRUPT_TRIGGER = "signal"

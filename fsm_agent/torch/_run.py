@@ -241,16 +241,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.run import config_from_args
 
     from fsm_agent import SpecError, load_spec
+    from fsm_agent.torch._argcheck import ArgError, parse_args  # issue 7
 
     parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        # issue 7: argparse errors and unusable values as one line, before anything starts.
+        args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
+    except ArgError as e:
+        print(f"{PROG}: error: {e} (see {PROG} --help)", file=sys.stderr)
+        return USAGE_EXIT
     _configure_logging()
     closers: list[Callable[[], None]] = []
     try:
         try:
             lifecycle_spec = load_spec(args.lifecycle_spec)
         except SpecError as e:
-            raise _UsageError(f"--spec: {e}") from e
+            # issue 7: the first problem, on one line; `fsm-agent check` lists every one.
+            raise _UsageError(f"--spec: {e.problems[0] if e.problems else e}") from e
         except OSError as e:
             raise _UsageError(f"--spec {args.lifecycle_spec}: {e.strerror or e}") from e
         if not args.exit_barrier_timeout > 0:

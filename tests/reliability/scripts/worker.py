@@ -13,7 +13,8 @@ Environment:
   STEP_TIMEOUT   ... while each step runs under torch's ``expires(after=STEP_TIMEOUT)`` with a
                  FileTimerClient, when the agent provides TORCHELASTIC_TIMER_FILE (default 1.5)
   STEPS          steps a healthy rank runs (0.05 s each; default 0)
-  SLEEP          seconds a non-failing rank sleeps before finishing (default 0)
+  SLEEP          seconds a non-failing rank sleeps before finishing (default 0) ...
+  SLEEP_GROUP_RANK ... only on this group rank (default: on every one)
   SPAWN_CHILD    "1": start a sleeping grandchild process and record its pid
   TRAP_TERM      "ignore": record SIGTERM and keep running (the agent must SIGKILL us after its
                  shutdown timeout); "record": record it and exit 143
@@ -105,7 +106,9 @@ def main() -> int:
     if hang:
         with step_guard():
             time.sleep(600)
-    deadline = time.monotonic() + float(env.get("SLEEP", "0"))
+    sleep_group = env.get("SLEEP_GROUP_RANK")
+    sleep = float(env.get("SLEEP", "0")) if sleep_group in (None, env["GROUP_RANK"]) else 0.0
+    deadline = time.monotonic() + sleep
     while time.monotonic() < deadline:  # a loop: a trapped SIGTERM must not end the sleep
         time.sleep(max(0.0, min(1.0, deadline - time.monotonic())))
     write("done")
