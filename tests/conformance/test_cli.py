@@ -1,0 +1,73 @@
+"""``fsm-agent conformance``: exit codes, the printed counterexample, clear usage errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsm_agent.testing._cli import main
+
+pytestmark = pytest.mark.timeout(120)
+
+MUTANTS = "tests.conformance.mutants"
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MODULE:ATTR is imported as `python -m` would, from the current directory.
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+
+
+def test_conforming_agent_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["torch.distributed.elastic.agent.server.api:SimpleElasticAgent",
+                 "--examples", "40", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "conforms to spec 'torchrun' (40 scripts, seed 1)" in out
+
+
+def test_lifecycle_against_a_preset_and_a_spec_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fsm_agent:Lifecycle", "--spec", "torchelastic", "--examples", "30"]) == 0
+    assert main(["fsm_agent:Lifecycle", "--spec", "specs/torchrun.yaml", "--examples", "20"]) == 0
+    assert "conforms to spec 'specs/torchrun.yaml'" in capsys.readouterr().out
+
+
+def test_counterexample_exits_one_with_table_and_reproduction(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([f"{MUTANTS}:OffByOneMaxRestarts", "--examples", "300", "--seed", "5"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "COUNTEREXAMPLE (300 scripts, seed 5)" in out
+    assert "tick  | observed" in out and "<-- differs" in out
+    assert f"reproduce with: fsm-agent conformance {MUTANTS}:OffByOneMaxRestarts --spec " \
+           "torchrun --examples 300 --seed 5" in out
+
+
+def test_factory_target(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([f"{MUTANTS}:good_lifecycle", "--examples", "20"]) == 0
+    assert main([f"{MUTANTS}:lifecycle_without_sleep", "--examples", "50"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nocolon"], "TARGET must be MODULE:ATTR"),
+        (["no_such_module_xyz:X"], "cannot import module 'no_such_module_xyz'"),
+        (["fsm_agent:NoSuchThing"], "'fsm_agent' has no attribute 'NoSuchThing'"),
+        (["fsm_agent:__version__"], "SimpleElasticAgent subclass or a callable"),
+        (["fsm_agent:Lifecycle", "--spec", "missing.yaml"], "missing.yaml: cannot read spec"),
+        (["fsm_agent:Lifecycle", "--examples", "0"], "--examples must be at least 1"),
+    ],
+)
+def test_usage_errors_exit_two_with_one_line(argv: list[str], message: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_bad_flag_is_argparse_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["fsm_agent:Lifecycle", "--examples", "many"]) == 2
+    assert "invalid int value" in capsys.readouterr().err
