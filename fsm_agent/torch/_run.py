@@ -88,6 +88,10 @@ def _prepare(args: argparse.Namespace) -> None:
             args.rdzv_id = str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
+    if args.rdzv_endpoint == "localhost:0" and args.local_addr is None:
+        # issue 7: a single-node job's stores listen on loopback only (fsm_agent.torch._loopback);
+        # the workers must be told to reach them there, not at this host's name.
+        args.local_addr = "127.0.0.1"
 
 
 class _AgentRef:
@@ -149,6 +153,7 @@ def launch(
 
     from fsm_agent import WorkerGroupFailureException
     from fsm_agent.torch._agent import FSMElasticAgent
+    from fsm_agent.torch._loopback import loopback_rendezvous_handler  # issue 7
 
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
@@ -170,7 +175,9 @@ def launch(
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
         args=tuple(args),
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(rdzv_parameters),
+        # issue 7: loopback-only stores for a local self-hosted rendezvous (--standalone).
+        rdzv_handler=loopback_rendezvous_handler(rdzv_parameters)
+        or rdzv_registry.get_rendezvous_handler(rdzv_parameters),
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         master_addr=master_addr,

@@ -1,0 +1,112 @@
+"""Security promises: what listens where under --standalone; spec and trace files are data only."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import STANDALONE, Jobs
+
+from fsm_agent import SpecError, load_spec
+from fsm_agent._trace import TraceError, read_trace
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(link[len("socket:["):-1])
+    return out
+
+
+def _decode(hex_addr: str) -> str:
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    # /proc/net/tcp6 prints four little-endian 32-bit words.
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return str(ipaddress.IPv6Address(words))
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket ``pid`` listens on, from /proc/net/tcp{,6}."""
+    mine = _socket_inodes(pid)
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in mine:  # 0A: LISTEN
+                addr, port = fields[1].split(":")
+                found.append((_decode(addr), int(port, 16)))
+    return found
+
+
+def is_loopback(addr: str) -> bool:
+    ip = ipaddress.ip_address(addr)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+@pytest.mark.timeout(30)
+def test_the_listening_check_sees_torchs_wildcard_store() -> None:
+    """The premise (and a check that can fail): a plain TCPStore listens on every interface."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    addrs = [a for a in listening_addresses(os.getpid()) if a[1] == store.port]
+    assert addrs and not any(is_loopback(a) for a, _ in addrs), addrs
+    del store
+
+
+@pytest.mark.timeout(60)
+def test_standalone_stores_listen_on_loopback_only(jobs: Jobs) -> None:
+    job = jobs.start([*STANDALONE, "--shutdown-timeout", "3"], env={"SLEEP": "60"})
+    recs = job.wait_for("a0_*_start.json", 2, 40)
+    addrs = listening_addresses(job.pid)
+    # The rendezvous store and the workers' store of the round, both in the agent.
+    assert len(addrs) >= 2, addrs
+    assert all(is_loopback(a) for a, _ in addrs), addrs
+    ports = {p for _, p in addrs}
+    for rec in recs:  # the workers are sent to their store on loopback
+        assert rec["MASTER_ADDR"] == "127.0.0.1" and int(rec["MASTER_PORT"]) in ports, rec
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait(15) == 128 + signal.SIGTERM
+
+
+def test_spec_yaml_tags_and_dotted_names_are_never_executed(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    base = (Path(__file__).parents[2] / "specs" / "torchrun.yaml").read_text()
+    tagged = tmp_path / "tagged.yaml"
+    tagged.write_text(base.replace(
+        "description:", f"x: !!python/object/apply:os.system ['touch {marker}']\ndescription:", 1))
+    with pytest.raises(SpecError) as e:
+        load_spec(tagged)
+    assert str(tagged) in str(e.value)
+    dotted = tmp_path / "dotted.yaml"
+    dotted.write_text(base.replace("consume_restart", "os.system", 1))
+    with pytest.raises(SpecError, match="'os.system' is not a valid name"):
+        load_spec(dotted)
+    named = tmp_path / "named.yaml"  # a valid name that is no registered action
+    named.write_text(base.replace("consume_restart", "system", 1))
+    with pytest.raises(SpecError, match="unknown action 'system'"):
+        load_spec(named)
+    assert not marker.exists()
+
+
+def test_trace_files_are_json_data_only(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    trace = tmp_path / "t.jsonl"
+    header = {"kind": "header", "format": "fsm-agent-trace", "version": 1,
+              "spec": f"__import__('os').system('touch {marker}')"}
+    trace.write_text(json.dumps(header) + "\n" + "!!python/object/apply:os.system ['x']\n")
+    with pytest.raises(TraceError, match=":2: not valid JSON"):
+        read_trace(trace)
+    assert not marker.exists()
