@@ -1,0 +1,90 @@
+"""The agent hosting the rendezvous store dies (SIGKILL) while another agent waits at the exit
+barrier or in the rendezvous: the survivor leaves within its timeout with a clear message, and
+no worker of it is left.
+
+A SIGKILLed agent cannot stop its own workers (no handler runs; torch starts workers in their own
+sessions, so they are not in the agent's process group): the test stops the dead host's workers
+itself, and docs/reliability.md says so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+import pytest
+from conftest import FAST, Job, Jobs, free_port, wait_gone
+
+
+def wait_listening(port: int, job: Job, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert job.poll() is None, job.output
+        time.sleep(0.05)
+    pytest.fail(f"nobody listens on {port}:\n{job.output[-3000:]}")
+
+
+def kill_host(host: Job) -> None:
+    os.kill(host.pid, signal.SIGKILL)
+    host.wait(10)
+    for rec in host.records("*_start.json"):  # its orphaned workers (see the module docstring)
+        for key in ("pid", "child_pid"):
+            if rec.get(key):
+                try:
+                    os.killpg(int(rec[key]), signal.SIGKILL)  # type: ignore[call-overload]
+                except ProcessLookupError:
+                    pass
+
+
+@pytest.mark.timeout(90)
+def test_survivor_at_the_exit_barrier_leaves_when_the_store_host_dies(jobs: Jobs) -> None:
+    port = free_port()
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loss",
+              "--exit-barrier-timeout", "60", "--shutdown-timeout", "3", *FAST]
+    host = jobs.start(common, env={"SLEEP": "120"}, name="host")
+    wait_listening(port, host, 40)  # the first agent binds the endpoint: it hosts the store
+    survivor = jobs.start(common, env={"SPAWN_CHILD": "1"}, name="survivor")
+    survivor.wait_output("Waiting 60.0 seconds for other agents", 60)
+    [rec] = survivor.records("*_start.json")
+    kill_host(host)
+    killed = time.monotonic()
+    rc = survivor.wait(30)
+    took = time.monotonic() - killed
+    out = survivor.output
+    assert took < 15, f"{took:.1f} s after the host died (barrier timeout 60 s):\n{out[-3000:]}"
+    assert "Error waiting on exit barrier" in out, out[-3000:]
+    # The workers had succeeded: a lost barrier is logged, it does not change the outcome.
+    assert rc == 0, out[-3000:]
+    assert not wait_gone([int(rec["pid"]), int(rec["child_pid"])], 5)  # type: ignore[call-overload]
+
+
+@pytest.mark.timeout(90)
+def test_survivor_in_rendezvous_leaves_when_the_store_host_dies(jobs: Jobs) -> None:
+    port = free_port()
+    # Three nodes needed, two come: both wait in the rendezvous.
+    common = ["--nnodes", "3", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loss2",
+              "--rdzv-conf", "join_timeout=40", *FAST]
+    host = jobs.start(common, name="host")
+    wait_listening(port, host, 40)
+    survivor = jobs.start(common, name="survivor")
+    survivor.wait_output("Rendezvous'ing worker group", 40)
+    time.sleep(2)  # let it join the round
+    kill_host(host)
+    killed = time.monotonic()
+    rc = survivor.wait(60)
+    took = time.monotonic() - killed
+    out = survivor.output
+    last = out.strip().splitlines()[-1]
+    assert rc == 1, out[-3000:]
+    assert took < 40, f"{took:.1f} s (join timeout 40 s)"
+    assert last.startswith("fsm-agent run: error: ActionError: "), last
+    assert "action 'rendezvous' failed during transition 'start' INIT -> HEALTHY" in last, last
+    assert "RendezvousConnectionError" in last or "store" in last.lower(), last
+    assert not survivor.records("*_start.json")  # no worker was ever started
