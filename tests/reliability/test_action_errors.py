@@ -38,7 +38,8 @@ def test_rendezvous_timeout(jobs: Jobs, tmp_path: Path) -> None:
 START_FAILS = """#!/bin/sh
 # Rank 1 fails on the first attempt and takes the execute bit off this very file, so starting the
 # workers again (the restart) fails in the agent, with a PermissionError from exec.
-printf '{"pid": %s, "RANK": "%s"}' $$ "$RANK" > "$OUT_DIR/a${TORCHELASTIC_RESTART_COUNT}_r${RANK}_start.json"
+out="$OUT_DIR/a${TORCHELASTIC_RESTART_COUNT}_r${RANK}_start.json"
+printf '{"pid": %s, "RANK": "%s"}' $$ "$RANK" > "$out"
 if [ "$RANK" = 1 ]; then chmod a-x "$0"; exit 3; fi
 exec sleep 120
 """

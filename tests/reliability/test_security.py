@@ -92,7 +92,7 @@ def test_spec_yaml_tags_and_dotted_names_are_never_executed(tmp_path: Path) -> N
     assert str(tagged) in str(e.value)
     dotted = tmp_path / "dotted.yaml"
     dotted.write_text(base.replace("consume_restart", "os.system", 1))
-    with pytest.raises(SpecError, match="'os.system' is not a valid name"):
+    with pytest.raises(SpecError, match=r"'os\.system' is not a valid name"):
         load_spec(dotted)
     named = tmp_path / "named.yaml"  # a valid name that is no registered action
     named.write_text(base.replace("consume_restart", "system", 1))

@@ -9,6 +9,7 @@ itself, and docs/reliability.md says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -35,12 +36,11 @@ def kill_host(host: Job) -> None:
     for rec in host.records("*_start.json"):  # its orphaned workers (see the module docstring)
         for key in ("pid", "child_pid"):
             if rec.get(key):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(int(rec[key]), signal.SIGKILL)  # type: ignore[call-overload]
-                except ProcessLookupError:
-                    pass
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_survivor_at_the_exit_barrier_leaves_when_the_store_host_dies(jobs: Jobs) -> None:
     port = free_port()
