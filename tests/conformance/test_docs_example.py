@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,6 +44,11 @@ def test_fifteen_line_example(monkeypatch: pytest.MonkeyPatch) -> None:
     supervisor.MyDriver = MyDriver  # type: ignore[attr-defined]
     for name, mod in (("mypkg", mypkg), ("mypkg.agent", agent), ("mypkg.supervisor", supervisor)):
         monkeypatch.setitem(sys.modules, name, mod)
+    # The example runs the kit's defaults; fewer examples keep this test cheap.
+    import fsm_agent.testing._conformance as kit
+
+    real = kit.default_settings
+    monkeypatch.setattr(kit, "default_settings", lambda n=200: settings(real(40), database=None))
     namespace: dict[str, Any] = {}
     exec(compile(code, str(DOC), "exec"), namespace)
     namespace["test_my_agent_behaves_like_torchrun"]()

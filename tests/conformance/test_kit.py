@@ -26,7 +26,8 @@ from .seed_agent import SeedAgent
 
 pytestmark = pytest.mark.timeout(300)
 
-ACCEPT = settings(default_settings(200), database=None)
+# torch's agent and the seed also meet the reference table on every differential script.
+ACCEPT = settings(default_settings(100), database=None)
 # Mutants are found within a few dozen scripts; the cap keeps a regression from hanging CI.
 REJECT = settings(default_settings(1_000), database=None)
 
@@ -112,8 +113,8 @@ def test_state_machine_base_class_runs_as_a_test_case() -> None:
 
 def test_stateful_mode_of_run_conformance_finds_the_same_bug() -> None:
     with pytest.raises(ConformanceFailure):
-        run_conformance(mutants.BarrierTwice, settings=settings(REJECT, stateful_step_count=8),
-                        stateful=True)
+        run_conformance(mutants.BarrierTwice, settings=settings(REJECT, stateful_step_count=6),
+                        stateful=True, seed=1)
 
 
 def test_seed_makes_a_run_reproducible() -> None:
