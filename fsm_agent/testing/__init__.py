@@ -4,21 +4,39 @@
 checks a supervisor against a spec's reference behaviour with hypothesis.
 """
 
-from ._conformance import (
-    DIVERGENCES,
-    ConformanceFailure,
-    Divergence,
-    ScriptedDriver,
-    SupervisorConformance,
-    check_script,
-    conformance_machine,
-    default_settings,
-    run_conformance,
-    run_script,
-)
+from typing import Any
+
 from ._recording import Call, RecordingDriver, ScriptExhausted, make_result
-from ._reference import Trace, reference_trace
-from ._strategies import RunConfig, Tick, run_configs, scripts, ticks
+
+# The conformance kit needs hypothesis (the `testing` extra); RecordingDriver does not, so the
+# kit's names load on first use.
+_KIT = {
+    "DIVERGENCES": "_conformance", "ConformanceFailure": "_conformance",
+    "Divergence": "_conformance", "ScriptedDriver": "_conformance",
+    "SupervisorConformance": "_conformance", "check_script": "_conformance",
+    "conformance_machine": "_conformance", "default_settings": "_conformance",
+    "run_conformance": "_conformance", "run_script": "_conformance",
+    "Trace": "_reference", "reference_trace": "_reference",
+    "RunConfig": "_strategies", "Tick": "_strategies", "run_configs": "_strategies",
+    "scripts": "_strategies", "ticks": "_strategies",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _KIT.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fsm_agent.testing' has no attribute {name!r}")
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        raise ImportError(f"fsm_agent.testing.{name} needs hypothesis: "
+                          "pip install 'fsm-agent[testing]'") from None
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DIVERGENCES",

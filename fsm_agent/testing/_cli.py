@@ -74,8 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # argparse has printed its message
         return int(e.code or 0)
-    from hypothesis import settings
-    from hypothesis.errors import HypothesisException
+    try:
+        from hypothesis import settings
+        from hypothesis.errors import HypothesisException
+    except ImportError:
+        print(f"{PROG}: error: the conformance kit needs hypothesis: "
+              "pip install 'fsm-agent[testing]'", file=sys.stderr)
+        return USAGE_EXIT
 
     from fsm_agent import SpecError
 
