@@ -105,12 +105,36 @@ def install() -> None:
     dyn._delay = delay
 
 
+def _install_fsm() -> None:
+    # fsm-agent's exit barrier may be its own (same keys as torch's); time it the same way.
+    # Only for fsm-agent: importing fsm_agent into torchrun's process would change what it runs.
+    try:
+        import fsm_agent.torch._barrier as fsm_barrier
+    except ImportError:
+        return
+    for name in ("interruptible_barrier",):
+        original = getattr(fsm_barrier, name, None)
+        if not callable(original):
+            continue
+
+        def timed(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            t0 = time.monotonic()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _emit("exit_barrier", t0, time.monotonic())
+
+        setattr(fsm_barrier, name, timed)
+
+
 def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ("torchrun", "fsm-agent"):
         print("usage: _probe.py torchrun|fsm-agent ARGS...", file=sys.stderr)
         return 2
     install()
     _emit("agent_start", time.monotonic(), time.monotonic())
+    if sys.argv[1] == "fsm-agent":
+        _install_fsm()
     if sys.argv[1] == "torchrun":
         from torch.distributed.run import main as torchrun_main
 

@@ -120,9 +120,10 @@ def bench_scale(smoke: bool) -> dict[str, Any]:
     """64 workers on one agent, and 8 agents x 4 workers: start, fail once, recover, finish."""
     single, multi = (16, (4, 2)) if smoke else (64, (8, 4))
     cases = {f"1x{single}": (1, single), f"{multi[0]}x{multi[1]}": multi}
-    reps = 1 if smoke else 2
     out: dict[str, Any] = {}
     for name, (nnodes, nproc) in cases.items():
+        # one 64-worker job is ~25 s; the multi-agent jobs vary more, so two of those
+        reps = 1 if smoke or nnodes == 1 else 2
         def job(launcher: str, nnodes: int = nnodes, nproc: int = nproc) -> dict[str, Any]:
             t0 = time.monotonic()
             samples, phases, run = agents.restart(launcher, nproc, 1, nnodes=nnodes)
@@ -181,8 +182,10 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
     add("```")
     add("")
     add(f"{env['date']} · {env['cpus']} CPUs · Linux {env['kernel']} · Python {env['python']} · "
-        f"torch {env['torch']} · waker backend `{env['waker']}` · total {env['wall_s']:.0f} s"
-        + (" · **smoke run: small samples, indicative only**" if smoke else ""))
+        f"torch {env['torch']} · waker backend `{env['waker']}` · measuring time "
+        f"{env['wall_s']:.0f} s"
+        + (" · **smoke run: small samples, indicative only**" if smoke else "")
+        + (f" · {env['partial']}" if env.get("partial") else ""))
     add("")
     add("fsm-agent is `fsm-agent run --spec torchrun`, torchrun is `torch.distributed.run`; both")
     add("run in `bench/_probe.py`, which wraps torch's own agent methods with identical timing")
@@ -233,6 +236,17 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
         add(f"| exit barrier release, {multi['nnodes']} agents (last arrival -> all left) | "
             f"{ms(fb)} | {ms(tb)} | {ratio(fb, tb)} | <= 50 ms | "
             f"{_verdict(None if fb is None else fb <= 0.05)} |")
+    bar = results.get("barrier")
+    if bar:
+        f, t = bar["fsm"]["median_s"], bar["torch"]["median_s"]
+        n = len(bar["fsm"]["samples"])
+        add(f"| exit barrier release, {bar['agents']} agents, barrier alone (n={n})"
+            f" | {ms(f)} | {ms(t)} | {ratio(f, t)} | <= 50 ms | "
+            f"{_verdict(None if f is None else f <= 0.05)} |")
+        p = bar.get("push", {}).get("median_s")
+        if p is not None:
+            add(f"| exit barrier release, proposed `push` barrier (see Notes) | {ms(p)} | "
+                f"{ms(t)} | {ratio(p, t)} | <= 50 ms | {_verdict(p <= 0.05)} |")
     eng = results.get("engine")
     if eng:
         add(f"| engine: one observe() of a healthy tick | {eng['observe_healthy_us']:.1f} us | "
@@ -414,25 +428,33 @@ def plot(results: dict[str, Any]) -> list[str]:
     scale = results.get("scale")
     if rst or scale:
         fig, ax = plt.subplots(figsize=(6, 3.4))
-        for L, marker in (("torchrun", "o"), ("fsm", "s")):
-            xs, ys = [], []
+        for L, marker, color in (("torchrun", "o", "tab:blue"), ("fsm", "s", "tab:orange")):
+            pts: list[tuple[int, float]] = []
+            multi_pts: list[tuple[int, float, str]] = []
             for n, by in (rst or {}).items():
                 v = med(by[L]["samples"])
                 if v is not None:
-                    xs.append(int(n))
-                    ys.append(v * 1e3)
+                    pts.append((int(n), v * 1e3))
             for case in (scale or {}).values():
                 v = med(_vals(case[L], "restart"))
-                if v is not None:
-                    xs.append(case["nnodes"] * case["nproc"])
-                    ys.append(v * 1e3)
-            pts = sorted(zip(xs, ys, strict=True))
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=LABEL[L])
+                if v is None:
+                    continue
+                size = case["nnodes"] * case["nproc"]
+                if case["nnodes"] == 1:
+                    pts.append((size, v * 1e3))
+                else:
+                    multi_pts.append((size, v * 1e3, f"{case['nnodes']}x{case['nproc']}"))
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color,
+                    label=f"{LABEL[L]}, one agent")
+            for x, y, tag in multi_pts:
+                ax.scatter([x], [y], marker="D", color=color, s=50,
+                           label=f"{LABEL[L]}, {tag} agents x workers")
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("workers in the job (multi-agent jobs: agents x workers)")
+        ax.set_xlabel("workers in the job")
         ax.set_ylabel("restart latency (ms, median)")
         ax.set_title("Restart latency vs job size")
-        ax.legend()
+        ax.legend(fontsize=7)
         fig.tight_layout()
         path = PLOTS / "scale.png"
         fig.savefig(path, dpi=110)
@@ -445,20 +467,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every measure once, small")
     parser.add_argument("--only", nargs="*", default=None,
-                        choices=["startup", "engine", "detection", "cpu", "restart", "scale"],
+                        choices=["startup", "engine", "detection", "cpu", "restart", "scale",
+                                 "barrier"],
                         help="run only these measures")
     parser.add_argument("--doc", type=Path, default=DOC, help=f"Markdown out (default {DOC})")
     parser.add_argument("--json", type=Path, default=BENCH / "results.json")
     parser.add_argument("--no-doc", action="store_true", help="print, do not write the doc")
+    parser.add_argument("--render", type=Path, metavar="JSON",
+                        help="only rewrite the doc and plots from an earlier run's results")
     args = parser.parse_args(argv)
+    if args.render:
+        results = json.loads(args.render.read_text())
+        results["plots"] = plot(results)
+        notes_file = BENCH / "notes.md"
+        if notes_file.exists():
+            results["notes"] = notes_file.read_text().splitlines()
+        args.doc.write_text(render(results, results["command"], results.get("smoke", False)) + "\n")
+        log(f"wrote {args.doc} from {args.render}")
+        return 0
     # a SIGTERM must unwind through run_job's cleanup, which stops the agents it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    wanted = args.only or ["startup", "engine", "detection", "cpu", "restart", "scale"]
+    wanted = args.only or ["startup", "engine", "detection", "cpu", "restart", "scale", "barrier"]
     t0 = time.monotonic()
     import torch
 
     from fsm_agent.torch._wakeup import default_backend
 
+    previous: dict[str, Any] = {}
+    if args.only and args.json.exists():  # a partial run updates the sections it measured
+        previous = json.loads(args.json.read_text())
     results: dict[str, Any] = {"env": {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": os.cpu_count(), "kernel": platform.release(),
@@ -472,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": lambda: bench_cpu(args.smoke),
         "restart": lambda: bench_restart(args.smoke),
         "scale": lambda: bench_scale(args.smoke),
+        "barrier": lambda: run_script("exit_barrier", args.smoke),
     }
     for name in wanted:
         log(f"{name} ...")
@@ -480,15 +518,25 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             log(f"{name} failed: {type(exc).__name__}: {exc}")
     results["env"]["wall_s"] = time.monotonic() - t0
+    if previous:
+        for key in ("startup", "engine", "detection", "cpu", "restart", "scale", "barrier"):
+            if key not in results and key in previous:
+                results[key] = previous[key]
+        results["env"]["partial"] = f"{', '.join(wanted)} re-measured at {results['env']['date']}"
+        results["env"]["date"] = previous["env"]["date"]
+        results["env"]["wall_s"] += previous["env"].get("wall_s", 0.0)
     try:
         results["plots"] = plot(results)
     except Exception as exc:  # a plotting problem must not cost the figures
         results["plots"], results["plots_note"] = [], f"not drawn: {type(exc).__name__}: {exc}"
-    command = "python bench/run_all.py" + (" --smoke" if args.smoke else "") + (
-        f" --only {' '.join(args.only)}" if args.only else "")
+    command = "python bench/run_all.py" + (" --smoke" if args.smoke else "")
+    if previous:
+        again = f"python bench/run_all.py --only {' '.join(wanted)}"
+        command = f"{previous.get('command', command)}\n{again}"
     notes_file = BENCH / "notes.md"
     if notes_file.exists():
         results["notes"] = notes_file.read_text().splitlines()
+    results["command"], results["smoke"] = command, args.smoke
     text = render(results, command, args.smoke)
     args.json.write_text(json.dumps(results, indent=1, default=str))
     if args.no_doc:

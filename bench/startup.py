@@ -55,14 +55,14 @@ def _imports_torch(name: str, argv: list[str]) -> bool:
 
 
 def measure(smoke: bool) -> dict[str, Any]:
-    repeat = 3 if smoke else 7
+    repeat = 3 if smoke else 5
     figures: dict[str, Any] = {}
     names = [n for n in COMMANDS if not (smoke and n == "import torch elastic agent")]
     times: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
     for _ in range(repeat):
         for name in names:  # interleaved, so that load from elsewhere hits every command alike
-            if name.startswith("import torch") and len(times[name]) >= (1 if smoke else 3):
+            if name.startswith("import torch") and len(times[name]) >= (1 if smoke else 2):
                 continue  # a reference only, and 2-5 s a run
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()

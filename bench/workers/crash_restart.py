@@ -32,6 +32,11 @@ def generation() -> int:
         return 0
 
 
+def started(gen: int) -> int:
+    with open(OUT) as f:
+        return sum(1 for line in f if line.startswith("start ") and line.split()[2] == str(gen))
+
+
 def record(kind: str, gen: int, t: float) -> None:
     line = f"{kind} {rank} {gen} {t:.6f} {os.getpid()}\n"
     fd = os.open(OUT, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -47,6 +52,12 @@ crash_attempts, crash_rank = int(sys.argv[1]), int(sys.argv[2])
 crash_after, finish_after = float(sys.argv[3]), float(sys.argv[4])
 if gen < crash_attempts:
     if rank == crash_rank:
+        # crash only once every worker of this generation runs (64 workers take seconds to
+        # start on 2 cores), so that a late starter is not counted in the next generation
+        world = int(os.environ["WORLD_SIZE"])
+        give_up = time.monotonic() + 60
+        while started(gen) < world and time.monotonic() < give_up:
+            time.sleep(0.01)
         # jitter so that the crash falls anywhere within the agent's monitor tick
         jitter = (os.getpid() * 7919 % 1000) / 1000 * 0.25
         time.sleep(crash_after + jitter)
