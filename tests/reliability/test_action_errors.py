@@ -15,14 +15,14 @@ def last_line(out: str) -> str:
     return out.strip().splitlines()[-1]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_rendezvous_timeout(jobs: Jobs, tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "alone",
             "--rdzv-conf", "join_timeout=3", "--trace", str(trace), *FAST]
     job = jobs.start(args)  # the second node never comes
-    assert job.wait(50) == 1, job.output
+    assert job.wait(100) == 1, job.output
     line = last_line(job.output)
     assert line.startswith("fsm-agent run: error: ActionError: [default] action 'rendezvous' "
                            "failed during transition 'start' INIT -> HEALTHY: "
@@ -45,7 +45,7 @@ exec sleep 120
 """
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_start_failure_during_a_restart(jobs: Jobs, tmp_path: Path) -> None:
     trace = tmp_path / "trace.jsonl"
     script = tmp_path / "job.sh"
@@ -53,7 +53,7 @@ def test_start_failure_during_a_restart(jobs: Jobs, tmp_path: Path) -> None:
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     job = jobs.start([*STANDALONE, "--max-restarts", "2", "--no-python", "--trace", str(trace)],
                      script)
-    assert job.wait(50) == 1, job.output
+    assert job.wait(100) == 1, job.output
     line = last_line(job.output)
     assert line.startswith("fsm-agent run: error: ActionError: [default] action 'start_workers' "
                            "failed during transition 'always' STOPPED -> HEALTHY: "

@@ -71,7 +71,7 @@ CASES = {
 }
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_flag_value(case: str, script: Path, no_start: None,
                         capsys: pytest.CaptureFixture[str]) -> None:
@@ -81,32 +81,32 @@ def test_bad_flag_value(case: str, script: Path, no_start: None,
     assert not (script.parent / "ran").exists()
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_missing_script(tmp_path: Path, no_start: None, capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "nope.py"
     line = run_bad(["--standalone", str(missing)], capsys)
     assert f"training script {str(missing)!r}: no such file" in line
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_no_script_at_all(no_start: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert "required: training_script" in run_bad(["--standalone"], capsys)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_missing_executable_with_no_python(no_start: None,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     line = run_bad(["--no-python", "no-such-program-fsm-agent"], capsys)
     assert "--no-python no-such-program-fsm-agent: not found on PATH" in line
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_missing_module(no_start: None, capsys: pytest.CaptureFixture[str]) -> None:
     line = run_bad(["-m", "no_such_module_fsm_agent.train"], capsys)
     assert "no module named 'no_such_module_fsm_agent'" in line
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_bad_shutdown_timeout_variable(script: Path, no_start: None,
                                        monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
@@ -115,7 +115,7 @@ def test_bad_shutdown_timeout_variable(script: Path, no_start: None,
     assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT must be a whole number" in line
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_unreadable_spec(tmp_path: Path, script: Path, no_start: None,
                          capsys: pytest.CaptureFixture[str]) -> None:
     for spec in (tmp_path / "missing.yaml", tmp_path):  # no such file; a directory
@@ -123,7 +123,7 @@ def test_unreadable_spec(tmp_path: Path, script: Path, no_start: None,
         assert line.startswith(f"fsm-agent run: error: --spec {spec}") or f"{spec}" in line, line
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_invalid_spec_names_file_and_line(tmp_path: Path, script: Path, no_start: None,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     good = (Path(_run.__file__).parents[2] / "specs" / "torchrun.yaml").read_text()
@@ -135,25 +135,26 @@ def test_invalid_spec_names_file_and_line(tmp_path: Path, script: Path, no_start
     assert f"{bad}" in run_bad(["--spec", str(bad), str(script)], capsys)
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(60)
 def test_unwritable_trace(tmp_path: Path, script: Path, no_start: None,
                           capsys: pytest.CaptureFixture[str]) -> None:
     trace = tmp_path / "no-such-dir" / "trace.jsonl"
     assert "--trace" in run_bad(["--trace", str(trace), str(script)], capsys)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_command_line_end_to_end(jobs: Jobs, script: Path) -> None:
     """The real console path: exit code 2, one stderr line, no process and no rendezvous."""
     job = jobs.start(["--standalone", "--max-restarts", "-1"], script)
-    assert job.wait(50) == USAGE_EXIT, job.output
+    assert job.wait(100) == USAGE_EXIT, job.output
     out = job.output.strip().splitlines()
     assert out == ["fsm-agent run: error: --max-restarts must be >= 0, got -1 "
                    "(see fsm-agent run --help)"], out
     assert not (script.parent / "ran").exists()
 
 
+@pytest.mark.timeout(120)
 def test_help_still_works() -> None:
     out = subprocess.run([sys.executable, "-m", "fsm_agent", "run", "--help"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=100)
     assert out.returncode == 0 and "--exit-barrier-timeout" in out.stdout

@@ -36,14 +36,14 @@ def check_ending(job, sig: signal.Signals, trace: Path, pids: list[int], sent: f
         f"got signal: {int(sig)}"), last
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_signal_while_workers_run(jobs: Jobs, tmp_path: Path, sig: signal.Signals) -> None:
     trace = tmp_path / "trace.jsonl"
     env = {"SLEEP": "120", "SPAWN_CHILD": "1"}
     job = jobs.start([*STANDALONE, "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), "--trace",
                       str(trace)], env=env)
-    pids = pids_of(job.wait_for("a0_*_start.json", 2, 40))
+    pids = pids_of(job.wait_for("a0_*_start.json", 2, 80))
     sent = time.monotonic()
     job.proc.send_signal(sig)
     check_ending(job, sig, trace, pids, sent)
@@ -52,7 +52,7 @@ def test_signal_while_workers_run(jobs: Jobs, tmp_path: Path, sig: signal.Signal
     assert last["trigger"] == "signal" and last["source"] == last["dest"] == "HEALTHY", last
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "sig", [pytest.param(s, marks=slow_unless(s, signal.SIGTERM)) for s in SIGNALS],
     ids=lambda s: s.name,
@@ -67,7 +67,7 @@ def test_signal_while_restarting(jobs: Jobs, tmp_path: Path, sig: signal.Signals
            "SPAWN_CHILD": "1"}
     job = jobs.start([*STANDALONE, "--max-restarts", "2", "--shutdown-timeout",
                       str(SHUTDOWN_TIMEOUT), "--trace", str(trace)], env=env)
-    pids = pids_of(job.wait_for("a0_*_start.json", 2, 40))
+    pids = pids_of(job.wait_for("a0_*_start.json", 2, 80))
     job.wait_for("a0_r0_term.json", 1, 20)
     sent = time.monotonic()
     job.proc.send_signal(sig)
@@ -78,7 +78,7 @@ def test_signal_while_restarting(jobs: Jobs, tmp_path: Path, sig: signal.Signals
     assert "Sending process" in job.output.partition(f"received {sig.name}")[0]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 @pytest.mark.parametrize(
     "sig", [pytest.param(s, marks=slow_unless(s, signal.SIGHUP)) for s in SIGNALS],
     ids=lambda s: s.name,
@@ -96,11 +96,11 @@ def test_signal_while_waiting_at_the_exit_barrier(
     agents = [jobs.start([*common, "--trace", str(tmp_path / f"{n}.jsonl")], env=env, name=n)
               for n in ("a", "b")]
     for job in agents:
-        job.wait_for("*_start.json", 1, 60)
+        job.wait_for("*_start.json", 1, 80)
     # Which agent gets group rank 0 is the rendezvous' choice.
     early, late = sorted(agents, key=lambda j: str(j.records("*_start.json")[0]["GROUP_RANK"]))
     trace = tmp_path / f"{early.workdir.name}.jsonl"
-    early.wait_output("Waiting 60.0 seconds for other agents", 30)
+    early.wait_output("Waiting 60.0 seconds for other agents", 60)
     pids = pids_of(early.records("*_start.json"))
     sent = time.monotonic()
     early.proc.send_signal(sig)

@@ -41,16 +41,16 @@ def kill_host(host: Job) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_survivor_at_the_exit_barrier_leaves_when_the_store_host_dies(jobs: Jobs) -> None:
     port = free_port()
     common = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loss",
               "--exit-barrier-timeout", "60", "--shutdown-timeout", "3", *FAST]
     host = jobs.start(common, env={"SLEEP": "120"}, name="host")
-    wait_listening(port, host, 40)  # the first agent binds the endpoint: it hosts the store
+    wait_listening(port, host, 80)  # the first agent binds the endpoint: it hosts the store
     survivor = jobs.start(common, env={"SPAWN_CHILD": "1"}, name="survivor")
-    survivor.wait_output("Waiting 60.0 seconds for other agents", 60)
+    survivor.wait_output("Waiting 60.0 seconds for other agents", 80)
     [rec] = survivor.records("*_start.json")
     kill_host(host)
     killed = time.monotonic()
@@ -64,7 +64,8 @@ def test_survivor_at_the_exit_barrier_leaves_when_the_store_host_dies(jobs: Jobs
     assert not wait_gone([int(rec["pid"]), int(rec["child_pid"])], 5)  # type: ignore[call-overload]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.slow
+@pytest.mark.timeout(150)
 def test_survivor_in_rendezvous_leaves_when_the_store_host_dies(jobs: Jobs) -> None:
     port = free_port()
     # Three nodes needed, two come: both wait in the rendezvous.
@@ -72,9 +73,9 @@ def test_survivor_in_rendezvous_leaves_when_the_store_host_dies(jobs: Jobs) -> N
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loss2",
               "--rdzv-conf", "join_timeout=40", *FAST]
     host = jobs.start(common, name="host")
-    wait_listening(port, host, 40)
+    wait_listening(port, host, 80)
     survivor = jobs.start(common, name="survivor")
-    survivor.wait_output("Rendezvous'ing worker group", 40)
+    survivor.wait_output("Rendezvous'ing worker group", 80)
     time.sleep(2)  # let it join the round
     kill_host(host)
     killed = time.monotonic()

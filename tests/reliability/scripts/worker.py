@@ -4,7 +4,7 @@ Writes ``a{attempt}_r{rank}_{event}.json`` into OUT_DIR (pid, child pid, time, e
 ``start`` when it starts, ``term`` when it receives SIGTERM (if TRAP_TERM is set).
 
 Environment:
-  FAIL_RANK      global rank that fails ...
+  FAIL_RANK      global rank that fails, once every rank of the attempt has started ...
   FAIL_ATTEMPTS  ... on these restart counts ("all", or comma-separated; default "all")
   FAIL_HOW       exit:N (exit code N), sigkill, segv (a real segfault via ctypes), raise (a
                  ValueError(MESSAGE) under torch's @record, which writes the error file); a
@@ -72,6 +72,17 @@ def fail(how: str) -> int:
     raise SystemExit(f"unknown FAIL_HOW {how!r}")
 
 
+def wait_for_peers(timeout: float = 30.0) -> None:
+    """Fail only once every rank of this attempt has started (and recorded its child), so the
+    tests know every pid of the attempt, whatever the scheduling."""
+    import glob
+
+    pattern = os.path.join(env["OUT_DIR"], f"a{ATTEMPT}_r*_start.json")
+    deadline = time.monotonic() + timeout
+    while len(glob.glob(pattern)) < int(env["WORLD_SIZE"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def step_guard():
     """torch's hang timer around one step, if the agent runs a timer server."""
     timer_file = env.get("TORCHELASTIC_TIMER_FILE")
@@ -97,6 +108,7 @@ def main() -> int:
         RECORD["child_pid"] = child.pid
     write("start")
     if selected("FAIL_RANK", "FAIL_ATTEMPTS"):
+        wait_for_peers()
         hows = env.get("FAIL_HOW", "exit:1").split(",")
         return fail(hows[min(ATTEMPT, len(hows) - 1)])
     hang = selected("HANG_RANK", "HANG_ATTEMPTS")
