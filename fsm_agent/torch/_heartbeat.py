@@ -92,6 +92,26 @@ class HangWatchdog(FileTimerServer):  # type: ignore[misc]
 
         self._log_event = on_event
 
+    def start(self) -> None:
+        """Start the watchdog thread, with the pipe already open for reading.
+
+        torch's server opens the pipe only once its thread runs; a worker that arms a timer
+        before that gets ENXIO from its non-blocking open, retries briefly and then raises
+        ``BrokenPipeError`` (seen with torchrun on a loaded machine). Holding a reader from the
+        start lets the first requests wait in the pipe instead.
+        """
+        self._early_reader: int | None = os.open(self._file_path, os.O_RDONLY | os.O_NONBLOCK)
+        super().start()
+
+    def stop(self) -> None:
+        """Stop the thread (torch's), then drop the early reader."""
+        try:
+            super().stop()
+        finally:
+            fd, self._early_reader = getattr(self, "_early_reader", None), None
+            if fd is not None:
+                os.close(fd)
+
     def _reap_worker(self, worker_pid: int, signal: int) -> bool:
         if worker_pid == os.getpid():
             return True  # torch would kill the agent here; the lifecycle handles the hang
