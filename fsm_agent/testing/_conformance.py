@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import itertools
 import logging
 import os
+import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -53,6 +56,7 @@ from ._strategies import (
     monitor_result,
     run_configs,
     ticks,
+    ticks_or_end,
 )
 
 __all__ = [
@@ -207,6 +211,15 @@ def _torch_api() -> Any:
     return api
 
 
+# @prof's own timing metrics (SimpleElasticAgent._restart_workers.success, ...) are torch's
+# instrumentation of its helpers, and run()'s summary (_record_metrics: run_total,
+# run_success_with_retries, ..., flakiness) describes a whole run after the loop: neither is part
+# of the run loop's per-tick contract, so the recorder leaves them out.
+_PROF_METRIC = re.compile(r"^(?!workers\.).*\.(success|failure|duration\.ms)$")
+_SUMMARY_METRIC = re.compile(r"^workers\.[^.]+\.(run_total|run_(success|failed)_(with|no)_retries"
+                             r"|flakiness)$")
+
+
 class _Routes:
     """Where this process's patched torch entry points send the calls of the run in progress."""
 
@@ -221,11 +234,8 @@ def _metric_handler_class() -> type:
         def emit(self, metric_data: Any) -> None:
             rec = _Routes.recorder
             name = metric_data.name
-            # @prof's own timing metrics (SimpleElasticAgent._restart_workers.success, ...) are
-            # torch's instrumentation of its helpers, not part of the run loop's contract.
-            if rec is None or threading.get_ident() != _Routes.thread or (
-                    not name.startswith("workers.")
-                    and name.endswith((".success", ".failure", ".duration.ms"))):
+            if rec is None or threading.get_ident() != _Routes.thread or _PROF_METRIC.search(
+                    name) or _SUMMARY_METRIC.search(name):
                 return
             rec.put_metric(name, metric_data.value)
 
@@ -257,9 +267,16 @@ def _patched(recorder: _Recorder) -> Iterator[None]:
     def barrier(*args: Any, **kwargs: Any) -> None:
         if threading.get_ident() != me:
             return real_barrier(*args, **kwargs)  # type: ignore[no-any-return]
-        timeout = kwargs.get("barrier_timeout", args[3] if len(args) > 3 else 300)
+        timeout = kwargs.get("barrier_timeout", kwargs.get("timeout",
+                                                           args[3] if len(args) > 3 else 300))
         recorder.exit_barrier(timeout)
         return None
+
+    # fsm_agent.torch's driver waits at its own signal-interruptible barrier (same store keys).
+    # It is imported on first use, so import it here whenever fsm_agent.torch is in use.
+    fsm_barrier = (importlib.import_module("fsm_agent.torch._barrier")
+                   if "fsm_agent.torch" in sys.modules else None)
+    real_fsm_barrier = getattr(fsm_barrier, "interruptible_barrier", None)
 
     saved_default = metrics_api._default_metrics_handler
     saved_group = metrics_api._metrics_map.get("torchelastic")
@@ -267,6 +284,8 @@ def _patched(recorder: _Recorder) -> Iterator[None]:
     _Routes.recorder, _Routes.thread = recorder, me
     time.sleep = sleep  # type: ignore[assignment]
     store_util.barrier = barrier
+    if real_fsm_barrier is not None:
+        fsm_barrier.interruptible_barrier = barrier  # type: ignore[union-attr]
     metrics_api._default_metrics_handler = handler
     metrics_api._metrics_map["torchelastic"] = handler
     if saved_disable < logging.CRITICAL:
@@ -281,6 +300,8 @@ def _patched(recorder: _Recorder) -> Iterator[None]:
         _Routes.recorder = _Routes.thread = None
         time.sleep = real_sleep
         store_util.barrier = real_barrier
+        if real_fsm_barrier is not None:
+            fsm_barrier.interruptible_barrier = real_fsm_barrier  # type: ignore[union-attr]
         metrics_api._default_metrics_handler = saved_default
         if saved_group is None:
             metrics_api._metrics_map.pop("torchelastic", None)
@@ -333,6 +354,11 @@ class _ScriptedHooks:
 
     def _shutdown(self, *args: Any, **kwargs: Any) -> None:
         self._fsm_recorder._record(("shutdown",))
+
+    def _monitor_wait(self, interval: float) -> None:
+        # LifecycleAgentMixin waits on its worker processes between ticks (woken early when one
+        # exits); with scripted hooks there are none, so the wait is the plain sleep it stands for.
+        self._fsm_recorder.sleep(interval)
 
 
 def _entrypoint() -> None:  # the WorkerSpec needs one; nothing runs it
@@ -669,18 +695,22 @@ def draw_case(
     max_ticks: int = 16,
     faults: bool = True,
 ) -> tuple[RunConfig, tuple[Tick, ...], Trace]:
-    """Draw a config, then ticks one at a time until the reference run is over.
+    """Draw a config, then ticks one at a time until the reference run is over (or the draw
+    says the script ends there, with the run still going).
 
     Drawing lazily keeps every tick of a script meaningful: a list drawn up front would mostly
     hold ticks after the run ended, which cost generation and shrinking time and test nothing.
     Returns the config, the script and the reference trace for it.
     """
     config = data.draw(configs if configs is not None else run_configs(), label="config")
-    tick_strategy = ticks(faults=faults)
+    tick_strategy = ticks_or_end(faults=faults)
     script: list[Tick] = []
     expected = oracle(config, script)
     while isinstance(expected.outcome, Pending) and len(script) < max_ticks:
-        script.append(data.draw(tick_strategy, label=f"tick {len(script) + 1}"))
+        tick = data.draw(tick_strategy, label=f"tick {len(script) + 1}")
+        if tick is None:
+            break
+        script.append(tick)
         expected = oracle(config, script)
     return config, tuple(script), expected
 

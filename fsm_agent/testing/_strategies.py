@@ -34,6 +34,7 @@ __all__ = [
     "run_configs",
     "scripts",
     "ticks",
+    "ticks_or_end",
 ]
 
 #: Hooks that a tick may make raise (on their first call during that tick).
@@ -166,15 +167,30 @@ def run_configs(
     ])
 
 
-@functools.cache
-def ticks(*, faults: bool = True) -> st.SearchStrategy[Tick]:
-    """One tick: all seven observed states, 0..2 nodes waiting, barrier ok/error/timeout, faults."""
-    return st.sampled_from([
+def _tick_combinations(faults: bool) -> list[Tick]:
+    return [
         Tick(observed=o, nodes_waiting=n, barrier=b, fault=f)
         for f, b, n, o in itertools.product(_FAULTS if faults else (None,),
                                             ("ok", "ok", "error", "timeout"), (0, 0, 0, 1, 2),
                                             _OBSERVED)
-    ])
+    ]
+
+
+@functools.cache
+def ticks(*, faults: bool = True) -> st.SearchStrategy[Tick]:
+    """One tick: all seven observed states, 0..2 nodes waiting, barrier ok/error/timeout, faults."""
+    return st.sampled_from(_tick_combinations(faults))
+
+
+@functools.cache
+def ticks_or_end(*, faults: bool = True) -> st.SearchStrategy[Tick | None]:
+    """A tick, or ``None`` (about one draw in ten): the script ends here, the run still going.
+
+    ``None`` comes first so that the shrinker can end a script early: without it, a script whose
+    simplest tick (HEALTHY) never ends the run could only shrink to its full length.
+    """
+    every = _tick_combinations(faults)
+    return st.sampled_from([None] * (len(every) // 9) + every)
 
 
 def scripts(

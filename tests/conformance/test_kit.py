@@ -20,6 +20,7 @@ from fsm_agent.testing._conformance import (
     run_script,
 )
 from fsm_agent.testing._strategies import RunConfig, Tick
+from fsm_agent.torch import LifecycleAgentMixin
 
 from . import mutants
 from .seed_agent import SeedAgent
@@ -27,6 +28,17 @@ from .seed_agent import SeedAgent
 pytestmark = pytest.mark.timeout(300)
 
 # torch's agent and the seed also meet the reference table on every differential script.
+
+
+class MixinTorchelastic(LifecycleAgentMixin, SimpleElasticAgent):
+    """torch's agent made spec-driven by the runner's mixin (default spec: torchelastic)."""
+
+
+class MixinTorchrun(LifecycleAgentMixin, SimpleElasticAgent):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, lifecycle_spec="torchrun", **kwargs)  # type: ignore[arg-type]
+
+
 ACCEPT = settings(default_settings(100), database=None)
 # Mutants are found within a few dozen scripts; the cap keeps a regression from hanging CI.
 REJECT = settings(default_settings(1_000), database=None)
@@ -41,9 +53,11 @@ REJECT = settings(default_settings(1_000), database=None)
         (SeedAgent, "torchelastic"),
         (mutants.TorchLoop, "torchrun"),  # the mutants' base, with every switch off
         (mutants.good_lifecycle, "torchrun"),  # a factory(driver, **settings)
+        (MixinTorchelastic, "torchelastic"),  # fsm_agent.torch's LifecycleAgentMixin
+        (MixinTorchrun, "torchrun"),
     ],
     ids=["torch-torchrun", "lifecycle-torchrun", "lifecycle-torchelastic", "seed-torchelastic",
-         "torchloop-copy", "factory"],
+         "torchloop-copy", "factory", "mixin-torchelastic", "mixin-torchrun"],
 )
 def test_kit_accepts_conforming_supervisors(target: object, spec: str) -> None:
     run_conformance(target, spec=spec, settings=ACCEPT)
