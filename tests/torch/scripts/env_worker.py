@@ -7,7 +7,8 @@ Environment read (besides torch's):
   FAIL_ATTEMPTS    ... on these restart counts ("all" = every attempt; default "all")
   FAIL_CODE        exit code of a failing rank (default 1)
   FAIL_LAST        "1": a failing rank first waits (up to 30 s) until every other rank of its
-                   attempt has finished, so which ranks failed does not depend on timing
+                   attempt has finished and exited, so which ranks failed does not depend on
+                   timing
   SLEEP            seconds to sleep before finishing (default 0)
   SLEEP_GROUP_RANK only sleep on this group rank (default: every rank sleeps)
   UNTIL_WORLD_SIZE sleep forever unless WORLD_SIZE equals it (membership-change tests)
@@ -31,12 +32,23 @@ KEYS = (
 )
 
 
+def _exited(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+        return True
+
+
 def _finished(path: str) -> bool:
+    # Finished *and* exited: an agent that notices our failure at once would otherwise stop a
+    # peer still on its way out, and count it as a failure (-15) that depends on timing.
     try:
         with open(path) as f:
-            return "finished" in json.load(f)
+            rec = json.load(f)
     except (OSError, ValueError):
         return False
+    return "finished" in rec and _exited(int(rec["pid"]))
 
 
 def main() -> int:
