@@ -1,4 +1,4 @@
-"""Real-process helpers for the fsm_agent.torch tests.
+"""Real-process helpers for the fsm_agent.torch tests (conftest.py re-exports the `jobs` fixture).
 
 Every job started through the ``jobs`` fixture carries a unique token in its environment, which
 torch passes on to the workers and they to their children. At teardown the fixture kills what

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import (
+from fsm_torch_helpers import (
     ENV_WORKER,
     EXAMPLES,
     FAST,
