@@ -373,7 +373,8 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, Any]) -> list[str]:
+def plot(results: dict[str, Any], where: Path = PLOTS) -> list[str]:
+    """PNGs into ``where`` (the doc's ``performance/`` folder)."""
     try:
         import matplotlib
 
@@ -383,7 +384,7 @@ def plot(results: dict[str, Any]) -> list[str]:
         results["plots_note"] = ("not drawn: matplotlib is not installed "
                                  "(`pip install 'fsm-agent[bench]'`).")
         return []
-    PLOTS.mkdir(parents=True, exist_ok=True)
+    where.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
 
     det = results.get("detection")
@@ -396,7 +397,7 @@ def plot(results: dict[str, Any]) -> list[str]:
         ax.set_ylabel("worker exit -> FAILED observed (ms, log)")
         ax.set_title("Failure detection latency")
         fig.tight_layout()
-        path = PLOTS / "detection.png"
+        path = where / "detection.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(str(path))
@@ -420,7 +421,7 @@ def plot(results: dict[str, Any]) -> list[str]:
         ax.set_title("Restart latency: crash -> restarted workers in user code")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = PLOTS / "restart_phases.png"
+        path = where / "restart_phases.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(str(path))
@@ -456,7 +457,7 @@ def plot(results: dict[str, Any]) -> list[str]:
         ax.set_title("Restart latency vs job size")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = PLOTS / "scale.png"
+        path = where / "scale.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(str(path))
@@ -478,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         results = json.loads(args.render.read_text())
-        results["plots"] = plot(results)
+        results["plots"] = plot(results, args.doc.parent / "performance")
         notes_file = BENCH / "notes.md"
         if notes_file.exists():
             results["notes"] = notes_file.read_text().splitlines()
@@ -526,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
         results["env"]["date"] = previous["env"]["date"]
         results["env"]["wall_s"] += previous["env"].get("wall_s", 0.0)
     try:
-        results["plots"] = plot(results)
+        results["plots"] = plot(results, args.doc.parent / "performance")
     except Exception as exc:  # a plotting problem must not cost the figures
         results["plots"], results["plots_note"] = [], f"not drawn: {type(exc).__name__}: {exc}"
     command = "python bench/run_all.py" + (" --smoke" if args.smoke else "")
