@@ -1,0 +1,99 @@
+"""The reliability pieces on their own, in-process and fast: the interruptible exit barrier (with
+real TCPStores) and the process-group reaper (with real processes)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from conftest import alive, wait_gone
+
+from fsm_agent.torch._barrier import interruptible_barrier
+from fsm_agent.torch._reaper import live_group_members, reap_process_groups
+
+
+@pytest.fixture
+def store_pair():  # type: ignore[no-untyped-def]
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=10))
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False,
+                           timeout=timedelta(seconds=10))
+    yield server, client
+    del client, server
+
+
+@pytest.mark.timeout(60)
+def test_barrier_meets_torchs_own_barrier(store_pair) -> None:  # type: ignore[no-untyped-def]
+    """Same keys as torch's barrier: a torch agent and ours leave it together."""
+    from torch.distributed.elastic.utils.store import barrier
+
+    server, client = store_pair
+    done: list[float] = []
+    t = threading.Thread(target=lambda: (barrier(client, 2, "p", barrier_timeout=10),
+                                         done.append(time.monotonic())))
+    t.start()
+    time.sleep(0.5)
+    assert not done  # torch's side waits for ours
+    interruptible_barrier(server, 2, "p", timeout=10)
+    t.join(10)
+    assert done and time.monotonic() - done[0] < 2
+
+
+@pytest.mark.timeout(60)
+def test_barrier_times_out_with_a_clear_error(store_pair) -> None:  # type: ignore[no-untyped-def]
+    server, _ = store_pair
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"not every agent arrived within 0\.5 s"):
+        interruptible_barrier(server, 2, "alone", timeout=0.5)
+    assert 0.5 <= time.monotonic() - start < 2
+
+
+@pytest.mark.timeout(60)
+def test_barrier_lets_a_signal_through(store_pair) -> None:  # type: ignore[no-untyped-def]
+    """A signal handler runs within a poll interval, not when the barrier ends."""
+    server, _ = store_pair
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise Stop
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGUSR1))
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(Stop):
+            interruptible_barrier(server, 2, "sig", timeout=30)
+        assert time.monotonic() - start < 2
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+LEADER = """
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(child.pid, flush=True)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_reaper_stops_the_children_of_a_leader_that_already_exited() -> None:
+    leader = subprocess.Popen([sys.executable, "-c", LEADER], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    assert leader.stdout is not None
+    child = int(leader.stdout.readline())
+    assert leader.wait(30) == 0  # the leader is gone, as a crashed worker would be ...
+    assert alive(child)  # ... and its child lives on: torch's stop would skip it
+    assert live_group_members([leader.pid]) == {leader.pid: [child]}
+    assert reap_process_groups([leader.pid], signal.SIGTERM, 5) == [leader.pid]
+    assert not wait_gone([child], 5)
+    assert reap_process_groups([leader.pid], signal.SIGTERM, 5) == []  # nothing left to do
