@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["POLL_INTERVAL", "interruptible_barrier"]
 
 #: Longest pause between two looks at the store (the bound on acting on a signal).
-POLL_INTERVAL = 0.1
+POLL_INTERVAL = 0.05
 
 
 def interruptible_barrier(store: Any, world_size: int, key_prefix: str, timeout: float) -> None:
