@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from conftest import FAST, STANDALONE, Jobs, alive, free_port, trace_records
+from reliability_helpers import FAST, STANDALONE, Jobs, alive, free_port, trace_records
 
 
 def last_line(out: str) -> str:

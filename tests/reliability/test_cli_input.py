@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Jobs, descendants
+from reliability_helpers import Jobs, descendants
 
 from fsm_agent.torch import _run
 

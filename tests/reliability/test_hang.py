@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import STANDALONE, Jobs, alive, trace_records
+from reliability_helpers import STANDALONE, Jobs, alive, trace_records
 
 HANG = {"HANG_RANK": "1", "HANG_ATTEMPTS": "0", "STEPS": "20", "STEP_TIMEOUT": "1"}
 

@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import STANDALONE, Jobs
+from reliability_helpers import STANDALONE, Jobs
 
 from fsm_agent import SpecError, load_spec
 from fsm_agent._trace import TraceError, read_trace

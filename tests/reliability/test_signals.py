@@ -9,7 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, SHUTDOWN_TIMEOUT, STANDALONE, Jobs, free_port, trace_records, wait_gone
+from reliability_helpers import (
+    FAST,
+    SHUTDOWN_TIMEOUT,
+    STANDALONE,
+    Jobs,
+    free_port,
+    trace_records,
+    wait_gone,
+)
 
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 # Leaving takes the shutdown timeout at most, plus the agent's own exit (a loaded 2-core box).

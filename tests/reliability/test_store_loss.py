@@ -16,7 +16,7 @@ import socket
 import time
 
 import pytest
-from conftest import FAST, Job, Jobs, free_port, wait_gone
+from reliability_helpers import FAST, Job, Jobs, free_port, wait_gone
 
 
 def wait_listening(port: int, job: Job, timeout: float) -> None:

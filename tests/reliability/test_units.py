@@ -11,7 +11,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from conftest import alive, wait_gone
+from reliability_helpers import alive, wait_gone
 
 from fsm_agent.torch._barrier import interruptible_barrier
 from fsm_agent.torch._reaper import live_group_members, reap_process_groups

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import STANDALONE, Jobs, alive, summary, trace_records
+from reliability_helpers import STANDALONE, Jobs, alive, summary, trace_records
 
 # attempt -> (FAIL_HOW, exit code torch reports, signal name it shows)
 FAULTS = [("exit:7", 7, None), ("sigkill", -9, "SIGKILL"), ("segv", -11, "SIGSEGV"),
