@@ -56,8 +56,10 @@ def test_signal_while_workers_run(jobs: Jobs, tmp_path: Path, sig: signal.Signal
     job.proc.send_signal(sig)
     check_ending(job, sig, trace, pids, sent)
     last = trace_records(trace)[-1]
-    # Between two monitor ticks: no transition was running, the final record says so.
-    assert last["trigger"] == "signal" and last["source"] == last["dest"] == "HEALTHY", last
+    # Mostly between two monitor ticks: no transition ran, the agent's final record says so.
+    # A signal during a tick's own transition (its guard asks the store) is that step's error.
+    assert last["source"] == "HEALTHY", last
+    assert (last["trigger"], last["dest"]) in {("signal", "HEALTHY"), ("healthy", "UNKNOWN")}, last
 
 
 @pytest.mark.timeout(120)
