@@ -47,6 +47,9 @@ STATE_NAMES: tuple[str, ...] = (
 OBSERVATION_TRIGGERS: tuple[str, ...] = tuple(s.lower() for s in STATE_NAMES)
 START_TRIGGER = "start"
 ALWAYS_TRIGGER = "always"
+#: The trigger of the final trace record a supervisor writes when a signal interrupts the lifecycle
+#: between two transitions. Reserved: no spec may use it.
+INTERRUPT_TRIGGER = "signal"
 #: The state the engine enters when an action fails; reachable whatever the transitions say.
 ERROR_STATE = "UNKNOWN"
 
@@ -456,6 +459,9 @@ class _Checker:
         for i, trig in enumerate(extra_triggers):
             if trig in (START_TRIGGER, ALWAYS_TRIGGER, *OBSERVATION_TRIGGERS):
                 self.problem(("triggers", i), f"{trig!r} is a built-in trigger; do not declare it")
+            elif trig == INTERRUPT_TRIGGER:
+                self.problem(("triggers", i), f"{trig!r} is reserved for the record of an "
+                             "interrupted lifecycle in traces")
         states = self._states(raw.get("states"))
         transitions = self._transitions(raw.get("transitions"))
         metrics = self._metrics(raw.get("metrics"))

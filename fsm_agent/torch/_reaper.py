@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fsm_agent._spec import INTERRUPT_TRIGGER
+
 __all__ = [
     "INTERRUPT_TRIGGER",
     "ProcessGroupReaperMixin",
@@ -151,6 +153,3 @@ def record_interruption(
             # Same rule as the engine's: an observer must not change the job's outcome.
             logger.exception("lifecycle listener %r failed on the final step", listener)
 
-
-#: The trigger of the final step :func:`record_interruption` writes.
-INTERRUPT_TRIGGER = "signal"

@@ -243,3 +243,25 @@ def test_cli_exit_codes(tmp_path: Path, good: list[dict], capsys) -> None:
 
     assert replay_main([str(bad), "--spec", "nosuchspec"]) == 2
     assert "no such spec file or preset" in capsys.readouterr().err
+
+
+def _interrupted(good: list[dict], at: int, state: str) -> list[dict]:
+    """The trace up to record ``at``, then the agent's final record for a signal in ``state``."""
+    last = good[at]
+    signal = {**last, "seq": last["seq"] + 1, "trigger": "signal", "source": state, "dest": state,
+              "guards": [], "actions": [], "error": "SignalException: Process 1 got signal: 15"}
+    return [*good[: at + 1], signal]
+
+
+def test_a_signal_between_transitions_ends_the_trace(tmp_path: Path, good: list[dict]) -> None:
+    path = write_lines(tmp_path / "sig.jsonl", _interrupted(good, 2, "HEALTHY"))
+    res = _replay(path, "torchelastic")
+    assert res.ok, res.divergence
+    assert res.checked == 3
+
+
+def test_a_signal_record_must_stand_where_the_machine_is(tmp_path: Path, good: list[dict]) -> None:
+    records = _interrupted(good, 2, "STOPPED")  # the machine is in HEALTHY after record 2
+    assert "leaves STOPPED, but the machine is in HEALTHY" in _tampered(tmp_path, records)
+    records = [*_interrupted(good, 2, "HEALTHY"), good[3]]
+    assert "had already finished" in _tampered(tmp_path, records)
