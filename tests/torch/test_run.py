@@ -148,7 +148,7 @@ def test_membership_change_restarts_without_consuming_restarts(jobs: Jobs) -> No
             "--rdzv-conf", "last_call_timeout=1", "--monitor-interval", "0.2"]
     env = {"UNTIL_WORLD_SIZE": "2"}
     first = jobs.start(args, ENV_WORKER, env=env, name="first")
-    [alone] = first.wait_for_records(1, 60)
+    [alone] = first.wait_for("*.json", 1, 60)
     assert alone["WORLD_SIZE"] == "1"
     second = jobs.start(args, ENV_WORKER, env=env, name="second")
     assert first.wait(80) == 0, first.output
@@ -167,7 +167,7 @@ def test_membership_change_restarts_without_consuming_restarts(jobs: Jobs) -> No
 def test_signal_stops_every_worker_and_child(jobs: Jobs, sig: signal.Signals) -> None:
     env = {"SLEEP": "120", "SPAWN_CHILD": "1"}
     job = jobs.start([*STANDALONE, "--shutdown-timeout", "5"], ENV_WORKER, env=env)
-    recs = job.wait_for_records(2, 40)
+    recs = job.wait_for("*.json", 2, 40)
     pids = [int(r[k]) for r in recs for k in ("pid", "child_pid")]  # type: ignore[call-overload]
     assert all(alive(p) for p in pids)
     job.proc.send_signal(sig)
