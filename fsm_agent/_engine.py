@@ -294,7 +294,11 @@ class Lifecycle:
     @property
     def state(self) -> WorkerState:
         """The current state, as torch's ``WorkerState``."""
-        return _torch_types().WorkerState[self._ctx.state]  # type: ignore[no-any-return]
+        obs = self._ctx.observed
+        # The observed result's own enum when there is one: a driver with its own result types
+        # never makes the engine import torch.
+        states = type(obs.state) if obs is not None else _torch_types().WorkerState
+        return states[self._ctx.state]  # type: ignore[no-any-return]
 
     @property
     def state_name(self) -> str:
