@@ -1,6 +1,6 @@
 """``fsm-agent diagram``, ``fsm-agent replay`` and ``fsm-agent diff``.
 
-None of them imports torch: they read specs and traces only (issue 6 wants each under 0.3 s).
+None of them imports torch: they read specs and traces only, so each starts in well under 0.3 s.
 Exit codes: 0 success (``diff``: no differences), 1 a finding (a divergent trace, differing
 specs, stale diagrams), 2 bad input (a flag, a spec, a trace file), as ``diff(1)`` does.
 """

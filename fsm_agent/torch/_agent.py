@@ -20,8 +20,8 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._fastpath import cheap_rendezvous_events, fast_rendezvous
-from fsm_agent.torch._heartbeat import HangWatchdogMixin  # issue 7
-from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption  # issue 7
+from fsm_agent.torch._heartbeat import HangWatchdogMixin
+from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
 if TYPE_CHECKING:
@@ -68,8 +68,8 @@ class LifecycleAgentMixin:
     _remaining_restarts: int
     _exit_barrier_timeout: float
     _fsm_restarts_seen: int = 0  # restart_count of the last step: tells counted restarts apart
-    _fsm_exit_waker: WorkerExitWaker | None = None  # issue 6: created on first wait
-    _fsm_rendezvoused: bool = False  # issue 6: the first rendezvous keeps torch's start-up skew
+    _fsm_exit_waker: WorkerExitWaker | None = None  # created on first wait
+    _fsm_rendezvoused: bool = False  # the first rendezvous keeps torch's start-up skew
 
     def __init__(
         self,
@@ -169,13 +169,13 @@ class LifecycleAgentMixin:
                 self._record_worker_events(result)  # type: ignore[attr-defined]
             raise
         except BaseException as e:
-            # issue 7: a signal between two transitions still gives the trace a final record.
+            # a signal between two transitions still gives the trace a final record.
             record_interruption(lifecycle, self._lifecycle_listeners, e)
             raise
         finally:
             self._fsm_driver.sync_counters()
 
-    # -- the monitor and restart path (kept apart for issue 6/7 work) --------------------------
+    # -- the monitor and restart path ---------------------------------------------------------
 
     def _lifecycle_loop(self, lifecycle: Lifecycle) -> RunResult:
         """Start the group, then monitor it until the lifecycle is done (torch's while loop).
@@ -198,13 +198,13 @@ class LifecycleAgentMixin:
         """Wait between two looks at the workers: ``monitor_interval``, or less if one exits.
 
         The tick still comes every ``interval`` (health and membership checks); a worker's exit
-        ends the wait at once (``fsm_agent.torch._wakeup``, issue 6).
+        ends the wait at once (``fsm_agent.torch._wakeup``).
         """
         self._fsm_waker().wait(interval)
 
     def _on_workers_started(self) -> None:
         """Called after every start of the workers (first start and each restart)."""
-        # issue 6: watch the new workers' exits; agents without torch's _pcontext just tick.
+        # watch the new workers' exits; agents without torch's _pcontext just tick.
         pcontext = getattr(self, "_pcontext", None)
         if pcontext is not None:
             self._fsm_waker().watch(pcontext)
@@ -217,7 +217,7 @@ class LifecycleAgentMixin:
         return waker
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        # issue 6: torch's rendezvous without its needless sleeps (fsm_agent.torch._fastpath).
+        # torch's rendezvous without its needless sleeps (fsm_agent.torch._fastpath).
         first = not self._fsm_rendezvoused
         self._fsm_rendezvoused = True
         with fast_rendezvous(worker_group.spec.rdzv_handler, first=first):
@@ -228,17 +228,17 @@ class LifecycleAgentMixin:
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         """torch's ``run()``; afterwards the per-round worker store is released."""
         try:
-            with cheap_rendezvous_events():  # issue 6: torch's events without inspect.stack()
+            with cheap_rendezvous_events():  # torch's events without inspect.stack()
                 return super().run(role)  # type: ignore[misc, no-any-return]
         finally:
             self._fsm_driver.close()
-            waker = self._fsm_exit_waker  # issue 6
+            waker = self._fsm_exit_waker
             if waker is not None:
                 waker.close()
                 self._fsm_exit_waker = None
 
 
-# issue 7: hang watchdog and process-group reaping (fsm_agent.torch._heartbeat, _reaper)
+# hang watchdog and process-group reaping (fsm_agent.torch._heartbeat, _reaper)
 class FSMElasticAgent(  # type: ignore[misc]
     LifecycleAgentMixin, HangWatchdogMixin, ProcessGroupReaperMixin, LocalElasticAgent  # type: ignore[misc]
 ):

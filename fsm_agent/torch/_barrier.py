@@ -20,7 +20,7 @@ from typing import Any
 __all__ = ["POLL_INTERVAL", "interruptible_barrier"]
 
 #: Longest pause between two looks at the store: the bound on acting on a signal, and on how late
-#: an agent leaves after the last one arrives (issue 6's target is 50 ms). A ``store.check`` is one
+#: an agent leaves after the last one arrives (the target is 50 ms). A ``store.check`` is one
 #: loopback round trip (~0.1 ms), so polling at this rate costs the store next to nothing. Blocking
 #: ``store.wait`` calls with a short timeout would release at once, but torch logs two C++
 #: warnings per timed-out wait on a client store.

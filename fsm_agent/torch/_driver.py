@@ -147,14 +147,14 @@ class TorchDriver:
         """Wait for every agent of the group on the rendezvous store, like torch's agent."""
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 
-        from fsm_agent.torch._barrier import interruptible_barrier  # issue 7
+        from fsm_agent.torch._barrier import interruptible_barrier
 
         self.sync_counters()
         group = self.worker_group
         # LocalElasticAgent's health check reports "alive" while this flag is set.
         self.agent._in_exit_barrier = True
         try:
-            # issue 7: torch's store barrier blocks signals for the whole timeout; same keys.
+            # torch's store barrier blocks signals for the whole timeout; same keys.
             interruptible_barrier(
                 store=self.agent._store,
                 world_size=group.group_world_size,

@@ -89,7 +89,7 @@ def _prepare(args: argparse.Namespace) -> None:
     if args.master_port is None:
         args.master_port = 29500
     if args.rdzv_endpoint == "localhost:0" and args.local_addr is None:
-        # issue 7: a single-node job's stores listen on loopback only (fsm_agent.torch._loopback);
+        # a single-node job's stores listen on loopback only (fsm_agent.torch._loopback);
         # the workers must be told to reach them there, not at this host's name.
         args.local_addr = "127.0.0.1"
 
@@ -153,7 +153,7 @@ def launch(
 
     from fsm_agent import WorkerGroupFailureException
     from fsm_agent.torch._agent import FSMElasticAgent
-    from fsm_agent.torch._loopback import loopback_rendezvous_handler  # issue 7
+    from fsm_agent.torch._loopback import loopback_rendezvous_handler
 
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
@@ -175,7 +175,7 @@ def launch(
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
         args=tuple(args),
-        # issue 7: loopback-only stores for a local self-hosted rendezvous (--standalone).
+        # loopback-only stores for a local self-hosted rendezvous (--standalone).
         rdzv_handler=loopback_rendezvous_handler(rdzv_parameters)
         or rdzv_registry.get_rendezvous_handler(rdzv_parameters),
         max_restarts=config.max_restarts,
@@ -248,11 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.run import config_from_args
 
     from fsm_agent import SpecError, load_spec
-    from fsm_agent.torch._argcheck import ArgError, parse_args  # issue 7
+    from fsm_agent.torch._argcheck import ArgError, parse_args
 
     parser = build_parser()
     try:
-        # issue 7: argparse errors and unusable values as one line, before anything starts.
+        # argparse errors and unusable values as one line, before anything starts.
         args = parse_args(parser, list(sys.argv[1:] if argv is None else argv))
     except ArgError as e:
         print(f"{PROG}: error: {e} (see {PROG} --help)", file=sys.stderr)
@@ -263,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             lifecycle_spec = load_spec(args.lifecycle_spec)
         except SpecError as e:
-            # issue 7: the first problem, on one line; `fsm-agent check` lists every one.
+            # the first problem, on one line; `fsm-agent check` lists every one.
             raise _UsageError(f"--spec: {e.problems[0] if e.problems else e}") from e
         except OSError as e:
             raise _UsageError(f"--spec {args.lifecycle_spec}: {e.strerror or e}") from e
