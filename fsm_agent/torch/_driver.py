@@ -6,6 +6,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from torch.distributed.elastic.metrics import put_metric as _put_metric
+
 from fsm_agent.torch._isolation import WorkerStoreIsolation
 
 if TYPE_CHECKING:
@@ -166,9 +168,7 @@ class TorchDriver:
 
     def put_metric(self, name: str, value: int) -> None:
         """Publish through torch's metrics API (group ``torchelastic``, as torch's agent)."""
-        from torch.distributed.elastic.metrics import put_metric
-
-        put_metric(name, value)
+        _put_metric(name, value)
 
     # -- resources -------------------------------------------------------------------------
 
