@@ -257,9 +257,11 @@ class Lifecycle:
     ) -> None:
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
-        if not exit_barrier_timeout > 0:
+        # torch accepts 0 (the barrier then waits for nobody: it passes only if every agent is
+        # already there); negative and NaN are refused here, not later at the barrier.
+        if not exit_barrier_timeout >= 0:
             raise ValueError(
-                f"exit_barrier_timeout must be > 0 seconds, got {exit_barrier_timeout!r}"
+                f"exit_barrier_timeout must be >= 0 seconds, got {exit_barrier_timeout!r}"
             )
         if not isinstance(role, str) or not role:
             raise ValueError(f"role must be a non-empty string, got {role!r}")

@@ -147,7 +147,8 @@ def test_use_before_start_and_twice() -> None:
     [
         ({"max_restarts": -1}, "max_restarts"),
         ({"max_restarts": True}, "max_restarts"),
-        ({"exit_barrier_timeout": 0}, "exit_barrier_timeout"),
+        ({"exit_barrier_timeout": -1}, "exit_barrier_timeout"),
+        ({"exit_barrier_timeout": float("nan")}, "exit_barrier_timeout"),
         ({"role": ""}, "role"),
     ],
 )

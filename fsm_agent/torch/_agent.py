@@ -88,6 +88,10 @@ class LifecycleAgentMixin:
                 f"{type(self).__name__}: LifecycleAgentMixin needs a SimpleElasticAgent subclass "
                 "after it among the bases"
             )
+        # The lifecycle is built at run(); refuse what it would refuse now, at construction.
+        timeout = self._exit_barrier_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ValueError(f"exit_barrier_timeout must be >= 0 seconds, got {timeout!r}")
         self._lifecycle_listeners: tuple[Listener, ...] = tuple(listeners)
         self._fsm_driver = TorchDriver(
             self, isolate_worker_store=isolate_worker_store, on_started=self._on_workers_started

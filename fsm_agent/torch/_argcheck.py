@@ -119,7 +119,8 @@ def check_args(args: argparse.Namespace) -> None:
     if args.max_restarts < 0:
         raise ArgError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     _seconds("--monitor-interval", args.monitor_interval)
-    _seconds("--exit-barrier-timeout", args.exit_barrier_timeout)
+    # 0 as torch takes it: the exit barrier waits for nobody.
+    _seconds("--exit-barrier-timeout", args.exit_barrier_timeout, allow_zero=True)
     if args.shutdown_timeout is not None:
         _seconds("--shutdown-timeout", args.shutdown_timeout)
     else:

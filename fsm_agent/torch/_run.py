@@ -267,10 +267,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise _UsageError(f"--spec: {e.problems[0] if e.problems else e}") from e
         except OSError as e:
             raise _UsageError(f"--spec {args.lifecycle_spec}: {e.strerror or e}") from e
-        if not args.exit_barrier_timeout > 0:
-            raise _UsageError(
-                f"--exit-barrier-timeout must be > 0 seconds, got {args.exit_barrier_timeout}"
-            )
         _prepare(args)
         try:
             config, cmd, cmd_args = config_from_args(args)

@@ -59,7 +59,6 @@ CASES = {
     "zero-monitor-interval": (["--monitor-interval", "0"], "--monitor-interval must be > 0"),
     "negative-monitor-interval": (["--monitor-interval", "-0.5"], "--monitor-interval must be > 0"),
     "nan-monitor-interval": (["--monitor-interval", "nan"], "--monitor-interval must be > 0"),
-    "zero-exit-barrier-timeout": (["--exit-barrier-timeout", "0"], "--exit-barrier-timeout"),
     "negative-exit-barrier-timeout": (["--exit-barrier-timeout", "-5"], "got -5"),
     "zero-shutdown-timeout": (["--shutdown-timeout", "0"], "--shutdown-timeout must be > 0"),
     "negative-shutdown-timeout": (["--shutdown-timeout", "-3"], "--shutdown-timeout"),

@@ -56,6 +56,20 @@ def test_barrier_times_out_with_a_clear_error(store_pair) -> None:  # type: igno
 
 
 @pytest.mark.timeout(60)
+def test_zero_timeout_waits_for_nobody(store_pair) -> None:  # type: ignore[no-untyped-def]
+    """torch's meaning of ``exit_barrier_timeout=0``: no wait. Its barrier sets a 0 s store
+    timeout, so ``store.wait`` gives up at once; ours passes only if every agent is already
+    there, and otherwise times out without sleeping."""
+    server, client = store_pair
+    interruptible_barrier(server, 1, "one", timeout=0)  # the only member: already complete
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="within 0 s"):
+        interruptible_barrier(server, 2, "two", timeout=0)
+    assert time.monotonic() - start < 0.5
+    interruptible_barrier(client, 2, "two", timeout=0)  # the second arrival finds it complete
+
+
+@pytest.mark.timeout(60)
 def test_barrier_lets_a_signal_through(store_pair) -> None:  # type: ignore[no-untyped-def]
     """A signal handler runs within a poll interval, not when the barrier ends."""
     server, _ = store_pair

@@ -192,3 +192,26 @@ def test_torchelastic_spec_raises_with_failures_and_records_the_run(
     # As torch's _record_worker_events: the failed rank FAILED, the stopped one TERMINATED.
     assert states[-2:] == [("TERMINATED", 0), ("FAILED", 1)]
     assert got["calls"][-1][0] == "shutdown"
+
+
+@pytest.mark.timeout(60)
+def test_exit_barrier_timeout_zero_is_accepted_as_torch_does(
+    capture: tuple[_Capture, _Metrics],
+) -> None:
+    """torch accepts ``exit_barrier_timeout=0`` (its tests use it); so does the mixin, with the
+    same outcome as torch's own loop."""
+    want = _run(ScriptedAgent, [HEALTHY, SUCCEEDED], 0, capture, exit_barrier_timeout=0)
+    got = _run(SpecDrivenAgent, [HEALTHY, SUCCEEDED], 0, capture, exit_barrier_timeout=0,
+               lifecycle_spec="torchrun")
+    assert want["outcome"].state == got["outcome"].state == WorkerState.SUCCEEDED
+    assert got["calls"] == want["calls"]
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan"), "5"])
+def test_bad_exit_barrier_timeout_is_refused_at_construction(timeout: object) -> None:
+    spec = _spec(0)
+    try:
+        with pytest.raises(ValueError, match="exit_barrier_timeout must be >= 0"):
+            SpecDrivenAgent(spec, [], exit_barrier_timeout=timeout)
+    finally:
+        spec.rdzv_handler.shutdown()
