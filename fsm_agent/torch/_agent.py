@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +72,7 @@ class LifecycleAgentMixin:
     _fsm_restarts_seen: int = 0  # restart_count of the last step: tells counted restarts apart
     _fsm_exit_waker: WorkerExitWaker | None = None  # created on first wait
     _fsm_rendezvoused: bool = False  # the first rendezvous keeps torch's start-up skew
+    _fsm_waker_failed: bool = False  # the waker raised once: plain ticks from then on
 
     def __init__(
         self,
@@ -204,20 +207,48 @@ class LifecycleAgentMixin:
         The tick still comes every ``interval`` (health and membership checks); a worker's exit
         ends the wait at once (``fsm_agent.torch._wakeup``).
         """
-        self._fsm_waker().wait(interval)
+        try:
+            self._fsm_waker().wait(interval)
+        except FATAL_EXCEPTIONS:
+            raise  # a termination signal raised by torch's handler during the wait
+        except Exception as e:
+            self._fsm_waker_fallback("wait", e)
+            time.sleep(interval)
 
     def _on_workers_started(self) -> None:
         """Called after every start of the workers (first start and each restart)."""
         # watch the new workers' exits; agents without torch's _pcontext just tick.
         pcontext = getattr(self, "_pcontext", None)
-        if pcontext is not None:
+        if pcontext is None or self._fsm_waker_failed:
+            return
+        try:
             self._fsm_waker().watch(pcontext)
+        except FATAL_EXCEPTIONS:
+            raise
+        except Exception as e:
+            self._fsm_waker_fallback("watch", e)
+
+    def _fsm_waker_fallback(self, what: str, error: Exception) -> None:
+        # The waker only says when to look, never what happened: when it breaks (a process
+        # context without real pids, an fd error) the monitor loop still works on plain ticks.
+        self._fsm_waker_failed = True
+        broken, self._fsm_exit_waker = self._fsm_exit_waker, None
+        if broken is not None:
+            with contextlib.suppress(Exception):
+                broken.close()
+        logger.warning(
+            "[%s] worker-exit waker failed in %s (%s: %s); looking at the workers every "
+            "monitor_interval from now on",
+            self._worker_group.spec.role, what, type(error).__name__, error,
+        )
 
     def _fsm_waker(self) -> WorkerExitWaker:
         # Created on first use, so subclasses whose __init__ runs first need nothing extra.
         waker = self._fsm_exit_waker
         if waker is None:
-            waker = self._fsm_exit_waker = WorkerExitWaker()
+            waker = self._fsm_exit_waker = WorkerExitWaker(
+                "tick" if self._fsm_waker_failed else None
+            )
         return waker
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:

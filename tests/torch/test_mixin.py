@@ -25,7 +25,7 @@ from torch.distributed.elastic.agent.server.api import (
     WorkerState,
 )
 from torch.distributed.elastic.events import handlers as event_handlers
-from torch.distributed.elastic.multiprocessing import ProcessFailure
+from torch.distributed.elastic.multiprocessing import ProcessFailure, SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
@@ -134,7 +134,7 @@ def _run(agent_cls: type[ScriptedAgent], script: list[RunResult], max_restarts: 
     outcome: Any
     try:
         outcome = agent.run("trainer")
-    except WorkerGroupFailureException as e:
+    except (WorkerGroupFailureException, SignalException) as e:
         outcome = e
     finally:
         spec.rdzv_handler.shutdown()
@@ -215,3 +215,71 @@ def test_bad_exit_barrier_timeout_is_refused_at_construction(timeout: object) ->
             SpecDrivenAgent(spec, [], exit_barrier_timeout=timeout)
     finally:
         spec.rdzv_handler.shutdown()
+
+
+class _FakePContext:
+    """A process context whose 'pids' are not pids (as scripted agents and mocks have)."""
+
+    def pids(self) -> dict[int, Any]:
+        return {0: "w.0", 1: "w.1"}
+
+
+class NoRealPidsAgent(SpecDrivenAgent):
+    def _start_workers(self, worker_group: Any) -> dict[int, Any]:
+        self._pcontext = _FakePContext()
+        return super()._start_workers(worker_group)
+
+
+def _waker_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "worker-exit waker failed" in r.getMessage()]
+
+
+@pytest.mark.timeout(60)
+def test_waker_error_in_watch_falls_back_to_the_tick(
+    capture: tuple[_Capture, _Metrics], caplog: pytest.LogCaptureFixture
+) -> None:
+    script = [HEALTHY, FAILED, HEALTHY, SUCCEEDED]
+    want = _run(ScriptedAgent, script, 2, capture)
+    with caplog.at_level(logging.WARNING, logger="fsm_agent"):
+        got = _run(NoRealPidsAgent, script, 2, capture, lifecycle_spec="torchrun")
+    assert got["outcome"].state == WorkerState.SUCCEEDED
+    assert got["calls"] == want["calls"]
+    # two starts, two chances to fail: logged once, then the waker is left alone
+    warnings = _waker_warnings(caplog)
+    assert len(warnings) == 1 and "in watch" in warnings[0], warnings
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "error",
+    [OSError(9, "Bad file descriptor"), SignalException("Process got signal: 15", 15)],  # type: ignore[arg-type]
+    ids=["os-error", "signal"],
+)
+def test_waker_error_in_wait_falls_back_to_the_tick(
+    capture: tuple[_Capture, _Metrics], caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch, error: Exception,
+) -> None:
+    """Any error of the waker's wait means a plain tick, logged once; a termination signal that
+    torch's handler raises during the wait is not an error of the waker and still ends the run."""
+    from fsm_agent.torch import _wakeup
+
+    real_wait = _wakeup.WorkerExitWaker.wait
+    failures: list[str] = []
+
+    def broken_wait(self: _wakeup.WorkerExitWaker, timeout: float) -> bool:
+        if self.backend != "tick":
+            failures.append(self.backend)
+            raise error
+        return real_wait(self, timeout)
+
+    monkeypatch.setattr(_wakeup.WorkerExitWaker, "wait", broken_wait)
+    with caplog.at_level(logging.WARNING, logger="fsm_agent"):
+        got = _run(SpecDrivenAgent, [HEALTHY, HEALTHY, FAILED, SUCCEEDED], 2, capture,
+                   lifecycle_spec="torchrun")
+    assert len(failures) == 1  # the broken waker is never asked again
+    warnings = _waker_warnings(caplog)
+    if isinstance(error, SignalException):
+        assert got["outcome"] is error and not warnings
+    else:
+        assert got["outcome"].state == WorkerState.SUCCEEDED
+        assert len(warnings) == 1 and "Bad file descriptor" in warnings[0], warnings
