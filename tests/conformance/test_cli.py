@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fsm_agent.testing._cli import main
+from fsm_agent.cli.conformance import main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,7 +56,8 @@ def test_factory_target(capsys: pytest.CaptureFixture[str]) -> None:
         (["no_such_module_xyz:X"], "cannot import module 'no_such_module_xyz'"),
         (["fsm_agent:NoSuchThing"], "'fsm_agent' has no attribute 'NoSuchThing'"),
         (["fsm_agent:__version__"], "SimpleElasticAgent subclass or a callable"),
-        (["fsm_agent:Lifecycle", "--spec", "missing.yaml"], "missing.yaml: cannot read spec"),
+        (["fsm_agent:Lifecycle", "--spec", "missing.yaml"],
+         "--spec missing.yaml: no such spec file or preset"),
         (["fsm_agent:Lifecycle", "--examples", "0"], "--examples must be at least 1"),
     ],
 )

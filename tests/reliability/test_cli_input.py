@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from reliability_helpers import Jobs, descendants
 
-from fsm_agent.torch import _run
+from fsm_agent.cli import run as _run
 
 USAGE_EXIT = 2
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import load_spec, parse_spec
-from fsm_agent._cli_tools import REGENERATE_COMMAND, diagram_main
 from fsm_agent._diagram import DiagramEngineMissing, regenerate, render, to_dot, to_mermaid
+from fsm_agent.cli.diagram import REGENERATE_COMMAND
+from fsm_agent.cli.diagram import main as diagram_main
 
 from ._helpers import DATA, ROOT, SPECS, lines
 

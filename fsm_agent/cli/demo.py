@@ -1,47 +1,22 @@
-"""``fsm-agent check`` and ``fsm-agent demo``."""
+"""``fsm-agent demo``: run a lifecycle against a simulated worker group (no processes) and print
+each transition.
+
+No torch import.
+"""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Sequence
 
-from ._engine import Lifecycle, Step
-from ._errors import SpecError, WorkerGroupFailureException
-from ._spec import load_spec, preset_names
-from .testing import RecordingDriver
+from .._engine import Lifecycle, Step
+from .._errors import WorkerGroupFailureException
+from .._spec import STATE_NAMES
+from ..testing import RecordingDriver
+from ._common import FAILED, OK, ArgumentParser, add_spec_option, load_spec_arg, run_command
 
-__all__ = ["demo_main", "main"]
+__all__ = ["main"]
 
-
-def main(argv: Sequence[str]) -> int:
-    """Check every spec given; print each problem with its file and line. Exit 1 if any."""
-    parser = argparse.ArgumentParser(
-        prog="fsm-agent check",
-        description="Check lifecycle specs (files or preset names) and report every problem.",
-    )
-    parser.add_argument(
-        "specs",
-        nargs="*",
-        metavar="SPEC",
-        help=f"spec file or preset name (default: all presets: {', '.join(preset_names())})",
-    )
-    parser.add_argument("-q", "--quiet", action="store_true", help="print problems only")
-    args = parser.parse_args(list(argv))
-    bad = 0
-    for name in args.specs or preset_names():
-        try:
-            spec = load_spec(name)
-        except SpecError as e:
-            bad += 1
-            print(e, file=sys.stderr)
-            continue
-        if not args.quiet:
-            print(
-                f"{spec.path}: ok ({spec.name}: {len(spec.states)} states, "
-                f"{sum(1 for _ in spec.edges())} transitions)"
-            )
-    return 1 if bad else 0
+PROG = "fsm-agent demo"
 
 
 def _simulated_group(script: Sequence[str], waiting: Sequence[int]) -> RecordingDriver:
@@ -66,13 +41,12 @@ def _print_step(step: Step) -> None:
     print(line)
 
 
-def demo_main(argv: Sequence[str]) -> int:
-    """Run a spec against a simulated worker group and print each transition."""
-    parser = argparse.ArgumentParser(
-        prog="fsm-agent demo",
+def _demo(argv: list[str]) -> int:
+    parser = ArgumentParser(
+        prog=PROG,
         description="Run a lifecycle against a simulated worker group (no processes).",
     )
-    parser.add_argument("--spec", default="torchelastic", help="spec file or preset name")
+    add_spec_option(parser)
     parser.add_argument("--max-restarts", type=int, default=1)
     parser.add_argument(
         "--script",
@@ -84,16 +58,10 @@ def demo_main(argv: Sequence[str]) -> int:
         default="0,1,0",
         help="comma-separated answers of num_nodes_waiting() on HEALTHY ticks",
     )
-    args = parser.parse_args(list(argv))
+    args = parser.parse_args(argv)
     if args.max_restarts < 0:
         parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as e:
-        print(e, file=sys.stderr)
-        return 2
-    from ._spec import STATE_NAMES
-
+    spec = load_spec_arg(args)
     script = [s.strip().upper() for s in args.script.split(",") if s.strip()]
     for s in script:
         if s not in STATE_NAMES:
@@ -106,7 +74,7 @@ def demo_main(argv: Sequence[str]) -> int:
     lc = Lifecycle(
         spec,
         group,
-        max_restarts=args.max_restarts,  # type: ignore[arg-type]
+        max_restarts=args.max_restarts,
         exit_barrier_timeout=1.0,
         listeners=[_print_step],
     )
@@ -115,7 +83,12 @@ def demo_main(argv: Sequence[str]) -> int:
         result = lc.run(0.0)
     except WorkerGroupFailureException as e:
         print(f"raised WorkerGroupFailureException: {e}")
-        return 1
+        return FAILED
     assert result is not None
     print(f"result: {result.state.name}, restarts used {lc.restart_count}/{args.max_restarts}")
-    return 0 if result.state.name == "SUCCEEDED" else 1
+    return OK if result.state.name == "SUCCEEDED" else FAILED
+
+
+def main(argv: Sequence[str]) -> int:
+    """Run a spec against a simulated worker group and print each transition."""
+    return run_command(PROG, _demo, argv)

@@ -1,0 +1,196 @@
+"""What every ``fsm-agent`` subcommand shares: exit codes, one-line errors, the spec argument.
+
+Exit codes (the same for every subcommand):
+
+- ``OK`` (0): success.
+- ``FAILED`` (1): the checked thing failed: a spec has problems (``check``), a trace diverges
+  (``replay``), two specs differ (``diff``), a counterexample was found (``conformance``), the job
+  failed (``run``), diagrams are stale (``diagram --all --check``).
+- ``USAGE`` (2): bad input: a flag, a missing or unreadable file, an unknown preset, a spec that
+  cannot be used by a command that is not checking it.
+
+Nothing here imports torch: ``check``, ``diagram``, ``diff`` and ``replay`` must start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from .._errors import SpecError
+from .._spec import Spec, load_spec, preset_names
+
+if TYPE_CHECKING:
+    from .._trace import Trace
+
+__all__ = [
+    "DEFAULT_SPEC",
+    "FAILED",
+    "OK",
+    "USAGE",
+    "ArgumentParser",
+    "UsageError",
+    "add_spec_option",
+    "load_spec_arg",
+    "run_command",
+    "shown",
+    "spec_loading_kwargs",
+]
+
+OK, FAILED, USAGE = 0, 1, 2
+DEFAULT_SPEC = "torchelastic"
+
+
+class UsageError(Exception):
+    """One line for stderr and an exit code (``USAGE`` unless told): no traceback."""
+
+    def __init__(self, message: str, code: int = USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a parse error raises :class:`UsageError` (one line, exit 2) instead of
+    printing the usage block and calling ``sys.exit``. ``--help`` still prints and exits 0."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def run_command(prog: str, body: Callable[[list[str]], int], argv: Sequence[str]) -> int:
+    """Run one subcommand's ``body(argv)``; turn its errors into a line on stderr and a code."""
+    try:
+        return int(body(list(argv)))
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.code
+    except SpecError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return USAGE
+
+
+def shown(path: str) -> str:
+    """A path relative to the working directory when it is below it."""
+    if path.startswith("<"):
+        return path
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+# --------------------------------------------------------------------------------------------
+# The spec argument
+#
+# Every subcommand that takes a spec declares it with add_spec_option and loads it with
+# load_spec_arg. Options that change *how* a spec loads (for example spec parameters or an extra
+# vocabulary) belong in _add_loading_options and spec_loading_kwargs: every subcommand then gets
+# them.
+
+_LOADING_MARK = "_fsm_agent_spec_loading"
+
+
+def _add_loading_options(parser: Any) -> None:
+    """Options shared by every spec a command loads; added once per parser.
+
+    Extension point: add ``--spec-param NAME=VALUE`` or ``--vocabulary MODULE:ATTR`` here and read
+    them in :func:`spec_loading_kwargs`.
+    """
+
+
+def spec_loading_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``load_spec`` keyword arguments from the options of :func:`_add_loading_options`."""
+    return {}
+
+
+def add_spec_option(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *names: str,
+    help: str | None = None,
+    **kwargs: Any,
+) -> argparse.Action:
+    """Declare a spec argument: ``--spec`` (default) or a positional name given in ``names``.
+
+    Keyword arguments go to ``add_argument`` (``default``, ``nargs``, ``dest``, ``metavar``); an
+    option's default is :data:`DEFAULT_SPEC` unless given. The options shared by all spec loads
+    are added to ``parser`` the first time.
+    """
+    names = names or ("--spec",)
+    if names[0].startswith("-"):
+        kwargs.setdefault("default", DEFAULT_SPEC)
+    kwargs.setdefault("metavar", "SPEC")
+    default = kwargs.get("default")
+    text = help or "spec file or preset name ({})".format(", ".join(preset_names()))
+    if default is not None and help is None:
+        text += f" (default: {default})"
+    action = parser.add_argument(*names, help=text, **kwargs)
+    if not getattr(parser, _LOADING_MARK, False):
+        _add_loading_options(parser)
+        setattr(parser, _LOADING_MARK, True)
+    return action
+
+
+def check_spec_exists(value: str, flag: str = "SPEC") -> None:
+    """Raise :class:`UsageError` when ``value`` is neither a preset name nor a readable file.
+
+    A missing file is a usage error (exit 2) for every command, including ``check``, for which a
+    spec that exists but has problems is the checked thing failing (exit 1).
+    """
+    if value in preset_names():
+        return
+    if os.path.isfile(value):
+        if not os.access(value, os.R_OK):
+            raise UsageError(f"{flag} {value}: permission denied")
+        return
+    if os.path.exists(value):
+        raise UsageError(f"{flag} {value}: not a file")
+    presets = ", ".join(preset_names()) or "none found"
+    raise UsageError(f"{flag} {value}: no such spec file or preset (presets: {presets})")
+
+
+def load_spec_arg(args: argparse.Namespace, value: str | None = None, *,
+                  flag: str = "--spec") -> Spec:
+    """Load the spec a command line names: ``value`` (default ``args.spec``).
+
+    A missing file or unknown preset raises :class:`UsageError` naming ``flag``; a spec with
+    problems raises ``SpecError`` (every problem, each with file and line).
+    """
+    name = args.spec if value is None else value
+    check_spec_exists(name, flag)
+    return load_spec(name, **spec_loading_kwargs(args))
+
+
+# --------------------------------------------------------------------------------------------
+# Traces (diagram --trace, replay)
+
+
+def read_trace_arg(path: str) -> list[Trace]:
+    """The lifecycles of a trace file; a missing or malformed file is a :class:`UsageError`."""
+    from .._trace import TraceError, read_trace
+
+    try:
+        return read_trace(path)
+    except TraceError as e:
+        raise UsageError(str(e)) from None
+
+
+def spec_for_trace(args: argparse.Namespace, trace_path: str, traces: Sequence[Trace],
+                   given: str | None, flag: str = "--spec") -> Spec:
+    """The spec given on the command line, else the one the trace's header names."""
+    def load(value: str, what: str) -> Spec:
+        try:
+            return load_spec_arg(args, value, flag=what)
+        except SpecError as e:
+            raise UsageError(f"{what}: {e}") from None
+
+    if given:
+        return load(given, flag)
+    first = traces[0]
+    spec_path = first.header.get("spec_path")
+    if isinstance(spec_path, str) and os.path.isfile(spec_path):
+        return load(spec_path, f"{trace_path}: header spec_path")
+    if first.spec_name:
+        return load(first.spec_name, f"{trace_path}: header spec")
+    raise UsageError(f"{trace_path}: the trace does not name its spec (it was recorded without "
+                     f"one); pass {flag} SPEC")

@@ -1,0 +1,159 @@
+"""``fsm-agent diagram``: draw a spec (or the path a trace took) as a state diagram.
+
+No torch import: it reads specs and traces only.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .._spec import preset_names
+from ._common import (
+    DEFAULT_SPEC,
+    FAILED,
+    OK,
+    ArgumentParser,
+    UsageError,
+    add_spec_option,
+    load_spec_arg,
+    read_trace_arg,
+    run_command,
+    spec_for_trace,
+)
+
+if TYPE_CHECKING:
+    from .._diagram import Highlight
+
+__all__ = ["DIAGRAMS_DIR", "REGENERATE_COMMAND", "main"]
+
+PROG = "fsm-agent diagram"
+DIAGRAMS_DIR = "diagrams"
+REGENERATE_COMMAND = "fsm-agent diagram --all -o diagrams"
+
+
+def _diagram(argv: list[str]) -> int:
+    from .._diagram import EXTENSIONS, FORMATS, DiagramEngineMissing, regenerate, render
+
+    parser = ArgumentParser(
+        prog=PROG,
+        description="Draw a spec as a state diagram: every edge 'trigger [guards] / actions', "
+        "entry and exit actions on the states, initial and final states marked.",
+    )
+    add_spec_option(parser, "spec", nargs="?",
+                    help=f"spec file or preset name (default: {DEFAULT_SPEC}, or the spec "
+                    "a --trace names)")
+    parser.add_argument("--format", "-f", choices=FORMATS,
+                        help="output format (default: from -o's extension, else mermaid); svg "
+                        "and png need the pygraphviz wheel: pip install 'fsm-agent[diagrams]'")
+    parser.add_argument("-o", "--output", metavar="FILE",
+                        help="write here instead of standard output (with --all: a directory)")
+    parser.add_argument("--trace", metavar="TRACE",
+                        help="highlight the path a recorded trace took (edge counts, final state)")
+    parser.add_argument("--all", action="store_true",
+                        help=f"write NAME.mmd and NAME.svg of every built-in spec into -o "
+                        f"(default {DIAGRAMS_DIR}/)")
+    parser.add_argument("--check", action="store_true",
+                        help="with --all: write nothing, exit 1 if any file is missing or stale")
+    args = parser.parse_args(argv)
+
+    if args.check and not args.all:
+        raise UsageError("--check goes with --all")
+    if args.all:
+        if args.spec or args.trace or args.format:
+            raise UsageError("--all draws every built-in spec as .mmd and .svg; it takes no "
+                             "SPEC, --trace or --format")
+        outdir = args.output or DIAGRAMS_DIR
+        specs = [load_spec_arg(args, name) for name in preset_names()]
+        try:
+            files = regenerate(specs, outdir, check=args.check)
+        except DiagramEngineMissing as e:
+            raise UsageError(str(e)) from None
+        if args.check:
+            if files:
+                print("stale or missing diagrams: " + ", ".join(files), file=sys.stderr)
+                print(f"regenerate them with: {REGENERATE_COMMAND}", file=sys.stderr)
+                return FAILED
+            print(f"{outdir}: {2 * len(specs)} diagrams up to date")
+            return OK
+        for path in files:
+            print(f"wrote {path}")
+        if not files:
+            print(f"{outdir}: {2 * len(specs)} diagrams already up to date")
+        return OK
+
+    fmt = args.format
+    if args.output:
+        ext = os.path.splitext(args.output)[1].lower()
+        implied = EXTENSIONS.get(ext)
+        if fmt is None:
+            if implied is None:
+                raise UsageError(f"-o {args.output}: cannot tell the format from {ext or 'no'} "
+                                 f"extension (known: {', '.join(sorted(EXTENSIONS))}); pass "
+                                 "--format")
+            fmt = implied
+        elif implied is not None and implied != fmt:
+            raise UsageError(f"--format {fmt} does not match -o {args.output} (a {ext} file "
+                             f"holds {implied}); change one of them")
+    fmt = fmt or "mermaid"
+
+    highlight = None
+    if args.trace:
+        from .._diagram import highlight_from_replay
+        from .._replay import replay
+
+        traces = read_trace_arg(args.trace)
+        spec = spec_for_trace(args, args.trace, traces, args.spec, "SPEC")
+        results = [replay(spec, t) for t in traces]
+        highlight = _merge([highlight_from_replay(r) for r in results])
+        for r in results:
+            if not r.ok:
+                print(f"{PROG}: warning: {args.trace}: {r.divergence}", file=sys.stderr)
+    else:
+        spec = load_spec_arg(args, args.spec or DEFAULT_SPEC, flag="SPEC")
+
+    try:
+        out = render(spec, fmt, highlight)
+    except DiagramEngineMissing as e:
+        raise UsageError(str(e)) from None
+    data = out.encode("utf-8") if isinstance(out, str) else out
+    if args.output:
+        try:
+            with open(args.output, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            raise UsageError(f"-o {args.output}: {e.strerror or e}") from None
+        return OK
+    if fmt == "png" and sys.stdout.isatty():
+        raise UsageError("refusing to write PNG to a terminal; pass -o FILE.png")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+    return OK
+
+
+def _merge(hs: Sequence[Highlight]) -> Highlight:
+    """Several lifecycles of one trace file drawn as one path: counts add up."""
+    from .._diagram import Highlight
+
+    if len(hs) == 1:
+        return hs[0]
+    counts: dict[tuple[int, str], int] = {}
+    extra: dict[tuple[str, str, str], tuple[int, str]] = {}
+    visited: set[str] = set()
+    for h in hs:
+        for k, n in h.counts.items():
+            counts[k] = counts.get(k, 0) + n
+        for move, (n, why) in h.extra.items():
+            extra[move] = (extra.get(move, (0, why))[0] + n, why)
+        visited |= h.visited
+    notes = "; ".join(h.note for h in hs if h.note)
+    return Highlight(counts, extra, frozenset(visited), hs[-1].final,
+                     f"{len(hs)} lifecycles" + (f"; {notes}" if notes else ""))
+
+
+def main(argv: Sequence[str]) -> int:
+    """``fsm-agent diagram [SPEC] [--format F] [-o FILE] [--trace TRACE] | --all [--check]``."""
+    return run_command(PROG, _diagram, argv)

@@ -1,0 +1,57 @@
+"""``fsm-agent diff``: what differs between two specs (exit 1 when they differ, as diff(1)).
+
+No torch import: it reads specs only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .._errors import SpecError
+from .._spec import Spec
+from ._common import (
+    FAILED,
+    OK,
+    ArgumentParser,
+    UsageError,
+    add_spec_option,
+    load_spec_arg,
+    run_command,
+    shown,
+)
+
+__all__ = ["main"]
+
+PROG = "fsm-agent diff"
+
+
+def _load(args: argparse.Namespace, value: str, flag: str) -> Spec:
+    try:
+        return load_spec_arg(args, value, flag=flag)
+    except SpecError as e:
+        raise UsageError(f"{flag}: {e}") from None
+
+
+def _diff(argv: list[str]) -> int:
+    from .._diff import diff_specs, format_diff
+
+    parser = ArgumentParser(
+        prog=PROG,
+        description="List the transitions, state actions, outcomes and metrics that differ "
+        "from SPEC_A to SPEC_B (descriptions are not compared).",
+    )
+    add_spec_option(parser, "spec_a", metavar="SPEC_A", help="spec file or preset name")
+    add_spec_option(parser, "spec_b", metavar="SPEC_B", help="spec file or preset name")
+    args = parser.parse_args(argv)
+    a = _load(args, args.spec_a, "SPEC_A")
+    b = _load(args, args.spec_b, "SPEC_B")
+    d = diff_specs(a, b)
+    sys.stdout.write(format_diff(d, paths=(shown(a.path), shown(b.path))))
+    return OK if d.same else FAILED
+
+
+def main(argv: Sequence[str]) -> int:
+    """``fsm-agent diff SPEC_A SPEC_B``: exit 0 when they behave the same, 1 when they differ."""
+    return run_command(PROG, _diff, argv)

@@ -1,0 +1,204 @@
+"""``fsm-agent run``: torchrun, with the agent's run loop driven by a lifecycle spec.
+
+Every torchrun flag and positional argument is accepted: the parser *is* torch's
+(``torch.distributed.run.get_args_parser``), with three options added, and the launch
+configuration comes from torch's ``config_from_args``. The launch itself is library code:
+:func:`fsm_agent.torch.launch` (``fsm_agent/torch/_launch.py``) does what torch's
+``launch_agent`` does, with ``FSMElasticAgent`` in place of ``LocalElasticAgent``. Argument
+checks live beside this module, in ``_runargs.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .._errors import SpecError
+from .._trace import TraceWriter
+from ..torch._launch import launch
+from ._common import FAILED, OK, USAGE, UsageError, add_spec_option, load_spec_arg
+
+__all__ = ["build_parser", "main"]
+
+logger = logging.getLogger("fsm_agent.torch")
+
+PROG = "fsm-agent run"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's parser plus ``--spec``, ``--exit-barrier-timeout`` and ``--trace``."""
+    from torch.distributed.run import get_args_parser
+
+    parser: argparse.ArgumentParser = get_args_parser()
+    parser.prog = PROG
+    parser.description = (
+        "Launch a job as torchrun does; the agent's lifecycle follows a spec. "
+        + (parser.description or "")
+    )
+    group = parser.add_argument_group("fsm-agent")
+    add_spec_option(
+        group,
+        "--spec",
+        dest="lifecycle_spec",
+        metavar="NAME|PATH",
+        help="Lifecycle spec: a preset name (torchelastic, torchrun) or a YAML file. "
+        "Default: torchelastic (exit barrier also on failure, then a failure summary); "
+        "torchrun reproduces torch 2.x.",
+    )
+    group.add_argument(
+        "--exit-barrier-timeout",
+        "--exit_barrier_timeout",
+        dest="exit_barrier_timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="How long an agent whose workers finished waits for the other agents (default 300).",
+    )
+    group.add_argument(
+        "--trace",
+        dest="trace",
+        default=None,
+        metavar="FILE",
+        help="Write every lifecycle transition to FILE (JSON lines; see fsm-agent replay).",
+    )
+    return parser
+
+
+def _prepare(args: argparse.Namespace) -> None:
+    # torch.distributed.run.run()'s own defaulting, done before config_from_args.
+    if args.standalone:
+        args.rdzv_backend = "c10d"
+        args.rdzv_endpoint = "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+        logger.info(
+            "Rendezvous info: --rdzv-backend=%s --rdzv-endpoint=%s --rdzv-id=%s",
+            args.rdzv_backend,
+            args.rdzv_endpoint,
+            args.rdzv_id,
+        )
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        from torch.distributed.run import parse_min_max_nnodes
+
+        _, max_nodes = parse_min_max_nnodes(args.nnodes)
+        if max_nodes == 1:
+            args.rdzv_backend = "c10d"
+            args.rdzv_endpoint = "localhost:0"
+            args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+    if args.rdzv_endpoint == "localhost:0" and args.local_addr is None:
+        # a single-node job's stores listen on loopback only (fsm_agent.torch._loopback);
+        # the workers must be told to reach them there, not at this host's name.
+        args.local_addr = "127.0.0.1"
+
+
+class _AgentRef:
+    """The agent, once ``launch`` has built it (the trace's ``group_rank`` is read from it)."""
+
+    agent: Any = None
+
+    def fields(self) -> dict[str, Any]:
+        group = getattr(self.agent, "_worker_group", None)
+        return {} if group is None else {"group_rank": group.group_rank}
+
+
+def _trace_listener(
+    path: str, spec: Any, run_id: str | None, ref: _AgentRef
+) -> TraceWriter:
+    """A trace writer for ``--trace FILE``: the engine calls it after every transition."""
+    try:
+        return TraceWriter(path, spec=spec, dynamic=ref.fields, node=socket.gethostname(),
+                           pid=os.getpid(), run_id=run_id)
+    except OSError as e:
+        raise UsageError(f"--trace {path}: {e.strerror or e}") from e
+
+
+def _configure_logging() -> None:
+    # torch's elastic loggers honour LOGLEVEL (default WARNING); ours follow the same switch.
+    level = os.environ.get("LOGLEVEL", "WARNING").upper()
+    log = logging.getLogger("fsm_agent")
+    log.setLevel(level)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(name)s] %(message)s"))
+        log.addHandler(handler)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``fsm-agent run ARGS``: 0 on success, 1 when workers failed, 128+N on signal N, 2 on bad
+    arguments."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+    from torch.distributed.run import config_from_args
+
+    from ._runargs import ArgError, parse_args
+
+    parser = build_parser()
+    try:
+        # argparse errors and unusable values as one line, before anything starts.
+        args = parse_args(parser, list(argv))
+    except ArgError as e:
+        print(f"{PROG}: error: {e} (see {PROG} --help)", file=sys.stderr)
+        return USAGE
+    _configure_logging()
+    closers: list[Callable[[], None]] = []
+    try:
+        try:
+            lifecycle_spec = load_spec_arg(args, args.lifecycle_spec, flag="--spec")
+        except SpecError as e:
+            # the first problem, on one line; `fsm-agent check` lists every one.
+            raise UsageError(f"--spec: {e.problems[0] if e.problems else e}") from e
+        _prepare(args)
+        try:
+            config, cmd, cmd_args = config_from_args(args)
+        except (AssertionError, ValueError, RuntimeError) as e:
+            raise UsageError(str(e)) from e
+        ref = _AgentRef()
+        listeners = []
+        if args.trace:
+            writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref)
+            listeners.append(writer)
+            closers.append(writer.close)
+
+        def _launch() -> None:
+            launch(
+                config,
+                cmd,
+                cmd_args,
+                lifecycle_spec=lifecycle_spec,
+                exit_barrier_timeout=args.exit_barrier_timeout,
+                listeners=listeners,
+                on_agent=lambda agent: setattr(ref, "agent", agent),
+            )
+
+        # torchrun's main is @record: the root cause's error file is copied to the launcher's
+        # own TORCHELASTIC_ERROR_FILE, any other error is recorded there.
+        record(_launch)()
+        return OK
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return e.code
+    except ChildFailedError as e:
+        print(e.format_msg(), file=sys.stderr)
+        return FAILED
+    except SignalException as e:
+        name = signal.Signals(e.sigval).name
+        print(f"{PROG}: received {name}; workers stopped", file=sys.stderr)
+        return 128 + int(e.sigval)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted (SIGINT); workers stopped", file=sys.stderr)
+        return 128 + int(signal.SIGINT)
+    except Exception as e:  # one clear line instead of a traceback; details at LOGLEVEL=DEBUG
+        logger.debug("launch failed", exc_info=True)
+        print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return FAILED
+    finally:
+        for close in closers:
+            close()

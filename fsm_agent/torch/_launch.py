@@ -1,0 +1,119 @@
+"""``launch``: torch's ``launch_agent`` with an ``FSMElasticAgent`` in place of torch's agent.
+
+The ``fsm-agent run`` command line (``fsm_agent/cli/run.py``) parses torchrun's arguments and
+calls :func:`launch`; programs can call it directly with a torch ``LaunchConfig``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["launch"]
+
+logger = logging.getLogger("fsm_agent.torch")
+
+
+def launch(
+    config: Any,
+    entrypoint: Callable[..., Any] | str | None,
+    args: Sequence[Any],
+    *,
+    lifecycle_spec: Any = "torchelastic",
+    exit_barrier_timeout: float = 300.0,
+    listeners: Sequence[Callable[..., Any]] = (),
+    on_agent: Callable[[Any], None] | None = None,
+) -> dict[int, Any]:
+    """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
+
+    Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
+    preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
+    error-file handling of ``@record`` apply), ``SignalException`` on a termination signal.
+    """
+    from torch.distributed.elastic import events, metrics
+    from torch.distributed.elastic.agent.server.api import WorkerSpec
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+    from torch.distributed.launcher.api import _get_addr_and_port, _get_entrypoint_name
+
+    from fsm_agent import WorkerGroupFailureException
+    from fsm_agent.torch._agent import FSMElasticAgent
+    from fsm_agent.torch._loopback import loopback_rendezvous_handler
+
+    if not config.run_id:
+        config.run_id = str(uuid.uuid4().int)
+        logger.warning("config has no run_id, generated a random run_id: %s", config.run_id)
+    entrypoint_name = _get_entrypoint_name(entrypoint, list(args))
+    rdzv_parameters = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    master_addr, master_port = _get_addr_and_port(rdzv_parameters)
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        # loopback-only stores for a local self-hosted rendezvous (--standalone).
+        rdzv_handler=loopback_rendezvous_handler(rdzv_parameters)
+        or rdzv_registry.get_rendezvous_handler(rdzv_parameters),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
+    agent = FSMElasticAgent(
+        spec=spec,
+        logs_specs=config.logs_specs,
+        start_method=config.start_method,
+        exit_barrier_timeout=exit_barrier_timeout,
+        log_line_prefix_template=config.log_line_prefix_template,
+        shutdown_timeout=config.shutdown_timeout,
+        lifecycle_spec=lifecycle_spec,
+        listeners=listeners,
+    )
+    if on_agent is not None:
+        on_agent(agent)
+    shutdown_rdzv = True
+    try:
+        metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+        try:
+            result = agent.run()
+        except WorkerGroupFailureException as e:
+            if not e.failures:
+                raise
+            raise ChildFailedError(name=entrypoint_name, failures=e.failures) from e
+        events.record(agent.get_event_succeeded(), config.event_log_handler)
+        if result.is_failed():
+            raise ChildFailedError(name=entrypoint_name, failures=result.failures)
+        return dict(result.return_values)
+    except ChildFailedError:
+        raise
+    except SignalException:
+        # As torch: a signalled agent leaves the rendezvous open, so it can be re-joined.
+        shutdown_rdzv = False
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        raise
+    except Exception:
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        raise
+    finally:
+        if shutdown_rdzv:
+            spec.rdzv_handler.shutdown()
