@@ -15,6 +15,7 @@ Nothing here imports torch: ``check``, ``diagram``, ``diff`` and ``replay`` must
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -33,8 +34,13 @@ __all__ = [
     "USAGE",
     "ArgumentParser",
     "UsageError",
+    "add_format_option",
     "add_spec_option",
+    "check_spec_exists",
+    "finish_parser",
     "load_spec_arg",
+    "make_parser",
+    "print_json",
     "run_command",
     "shown",
     "spec_loading_kwargs",
@@ -42,6 +48,8 @@ __all__ = [
 
 OK, FAILED, USAGE = 0, 1, 2
 DEFAULT_SPEC = "torchelastic"
+# Bumped when a --format json shape changes incompatibly (a new key is not a change).
+JSON_FORMAT_VERSION = 1
 
 
 class UsageError(Exception):
@@ -58,6 +66,38 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def finish_parser(parser: argparse.ArgumentParser, examples: Sequence[str]) -> None:
+    """Add ``--version`` and end the help with ``examples`` (two or three command lines, each
+    optionally followed by ``  # comment``)."""
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"fsm-agent {__version__}",
+                        help="print fsm-agent's version and exit")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = "examples:\n" + "\n".join(f"  {line}" for line in examples)
+
+
+def make_parser(prog: str, description: str, examples: Sequence[str],
+                **kwargs: Any) -> ArgumentParser:
+    """The parser of one subcommand: one-line errors, ``--version``, examples at the end."""
+    parser = ArgumentParser(prog=prog, description=description, **kwargs)
+    finish_parser(parser, examples)
+    return parser
+
+
+def add_format_option(parser: argparse.ArgumentParser) -> None:
+    """``--format text|json``: JSON is one object on stdout (shapes in docs/cli.md)."""
+    parser.add_argument("--format", choices=("text", "json"), default="text",
+                        help="output format (default: text); json prints one JSON object "
+                        "whose shape is documented in docs/cli.md")
+
+
+def print_json(command: str, body: dict[str, Any]) -> None:
+    """Print a ``--format json`` result: ``{"command", "format_version", ...body}``."""
+    out = {"command": command, "format_version": JSON_FORMAT_VERSION, **body}
+    sys.stdout.write(json.dumps(out, indent=2) + "\n")
 
 
 def run_command(prog: str, body: Callable[[list[str]], int], argv: Sequence[str]) -> int:

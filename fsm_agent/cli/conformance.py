@@ -18,15 +18,15 @@ from typing import Any
 from ._common import (
     FAILED,
     OK,
-    ArgumentParser,
     UsageError,
     add_spec_option,
     load_spec_arg,
+    make_parser,
     run_command,
     spec_loading_kwargs,
 )
 
-__all__ = ["load_target", "main"]
+__all__ = ["build_parser", "load_target", "main"]
 
 PROG = "fsm-agent conformance"
 
@@ -37,15 +37,25 @@ states, nodes waiting, exit barrier ok/error/timeout, hooks raising, max_restart
 TARGET is MODULE:ATTR, where ATTR names either a SimpleElasticAgent subclass (the kit subclasses
 it with scripted hooks and runs its own _invoke_run; an abstract subclass that only overrides
 _invoke_run is fine) or a callable factory(driver, **settings) returning an object with
-run(monitor_interval, sleep=...), as fsm_agent.Lifecycle has."""
+run(monitor_interval, sleep=...), as fsm_agent.Lifecycle has.
+
+Exit 0 when the target conforms, 1 on a counterexample (printed as a table, with the command
+that reproduces it), 2 on bad input."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog=PROG, description=_DESCRIPTION,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+EXAMPLES = (
+    "fsm-agent conformance mypkg.agent:MyElasticAgent                # against torchelastic",
+    "fsm-agent conformance mypkg.sup:make_supervisor --spec torchrun --examples 500",
+    "fsm-agent conformance mypkg.agent:MyElasticAgent --seed 1234    # reproduce a run",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fsm-agent conformance`` command line."""
+    p = make_parser(PROG, _DESCRIPTION, EXAMPLES)
     p.add_argument("target", metavar="MODULE:ATTR",
                    help="the supervisor to check, e.g. mypkg.agent:MyAgent")
-    add_spec_option(p, default="torchrun")
+    add_spec_option(p)
     p.add_argument("--examples", type=int, default=200, metavar="N",
                    help="generated scripts to run (default: 200)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
@@ -77,7 +87,7 @@ def load_target(ref: str) -> Any:
 
 
 def _conformance(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         from hypothesis import settings
         from hypothesis.errors import HypothesisException
@@ -114,7 +124,10 @@ def _conformance(argv: list[str]) -> int:
         again = f"{PROG} {args.target} --spec {args.spec} --examples {args.examples} --seed {seed}"
         print(f"reproduce with: {again}")
         return FAILED
-    except HypothesisException as e:
+    except (TypeError, HypothesisException) as e:
+        # The kit raises TypeError for a target it cannot drive (an agent class it cannot
+        # build, a factory with the wrong signature): the target is bad input, not a finding.
+        # What the supervisor itself raises is part of its behaviour and never escapes here.
         raise UsageError(str(e)) from None
     print(f"OK: {args.target} conforms to spec {args.spec!r} ({how})")
     return OK

@@ -6,15 +6,16 @@ No torch import.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 from .._engine import Lifecycle, Step
 from .._errors import WorkerGroupFailureException
 from .._spec import STATE_NAMES
 from ..testing import RecordingDriver
-from ._common import FAILED, OK, ArgumentParser, add_spec_option, load_spec_arg, run_command
+from ._common import FAILED, OK, add_spec_option, load_spec_arg, make_parser, run_command
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 PROG = "fsm-agent demo"
 
@@ -41,13 +42,20 @@ def _print_step(step: Step) -> None:
     print(line)
 
 
-def _demo(argv: list[str]) -> int:
-    parser = ArgumentParser(
-        prog=PROG,
-        description="Run a lifecycle against a simulated worker group (no processes).",
-    )
+EXAMPLES = (
+    "fsm-agent demo                   # a failure, a restart, a node joining, success",
+    "fsm-agent demo --spec torchrun --max-restarts 0 --script HEALTHY,FAILED",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fsm-agent demo`` command line."""
+    parser = make_parser(
+        PROG, "Run a lifecycle against a simulated worker group (no processes) and print each "
+        "transition. Exit 0 when the lifecycle succeeds, 1 when it gives up.", EXAMPLES)
     add_spec_option(parser)
-    parser.add_argument("--max-restarts", type=int, default=1)
+    parser.add_argument("--max-restarts", type=int, default=1, metavar="N",
+                        help="restarts allowed after a failure (default: 1)")
     parser.add_argument(
         "--script",
         default="HEALTHY,FAILED,HEALTHY,HEALTHY,SUCCEEDED",
@@ -58,6 +66,11 @@ def _demo(argv: list[str]) -> int:
         default="0,1,0",
         help="comma-separated answers of num_nodes_waiting() on HEALTHY ticks",
     )
+    return parser
+
+
+def _demo(argv: list[str]) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.max_restarts < 0:
         parser.error(f"--max-restarts must be >= 0, got {args.max_restarts}")

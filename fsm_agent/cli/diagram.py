@@ -5,6 +5,7 @@ No torch import: it reads specs and traces only.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -15,10 +16,10 @@ from ._common import (
     DEFAULT_SPEC,
     FAILED,
     OK,
-    ArgumentParser,
     UsageError,
     add_spec_option,
     load_spec_arg,
+    make_parser,
     read_trace_arg,
     run_command,
     spec_for_trace,
@@ -27,21 +28,27 @@ from ._common import (
 if TYPE_CHECKING:
     from .._diagram import Highlight
 
-__all__ = ["DIAGRAMS_DIR", "REGENERATE_COMMAND", "main"]
+__all__ = ["DIAGRAMS_DIR", "REGENERATE_COMMAND", "build_parser", "main"]
 
 PROG = "fsm-agent diagram"
 DIAGRAMS_DIR = "diagrams"
 REGENERATE_COMMAND = "fsm-agent diagram --all -o diagrams"
 
 
-def _diagram(argv: list[str]) -> int:
-    from .._diagram import EXTENSIONS, FORMATS, DiagramEngineMissing, regenerate, render
+EXAMPLES = (
+    "fsm-agent diagram torchrun                          # Mermaid text on stdout",
+    "fsm-agent diagram torchelastic -o torchelastic.svg  # format from the extension",
+    "fsm-agent diagram --trace run.jsonl -o path.svg     # the path a recorded run took",
+)
 
-    parser = ArgumentParser(
-        prog=PROG,
-        description="Draw a spec as a state diagram: every edge 'trigger [guards] / actions', "
-        "entry and exit actions on the states, initial and final states marked.",
-    )
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fsm-agent diagram`` command line."""
+    from .._diagram import FORMATS
+
+    parser = make_parser(
+        PROG, "Draw a spec as a state diagram: every edge 'trigger [guards] / actions', entry "
+        "and exit actions on the states, initial and final states marked.", EXAMPLES)
     add_spec_option(parser, "spec", nargs="?",
                     help=f"spec file or preset name (default: {DEFAULT_SPEC}, or the spec "
                     "a --trace names)")
@@ -57,7 +64,13 @@ def _diagram(argv: list[str]) -> int:
                         f"(default {DIAGRAMS_DIR}/)")
     parser.add_argument("--check", action="store_true",
                         help="with --all: write nothing, exit 1 if any file is missing or stale")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _diagram(argv: list[str]) -> int:
+    from .._diagram import EXTENSIONS, DiagramEngineMissing, regenerate, render
+
+    args = build_parser().parse_args(argv)
 
     if args.check and not args.all:
         raise UsageError("--check goes with --all")

@@ -14,17 +14,35 @@ from .._spec import Spec
 from ._common import (
     FAILED,
     OK,
-    ArgumentParser,
     UsageError,
+    add_format_option,
     add_spec_option,
     load_spec_arg,
+    make_parser,
+    print_json,
     run_command,
     shown,
 )
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 PROG = "fsm-agent diff"
+EXAMPLES = (
+    "fsm-agent diff torchelastic torchrun        # exit 1: they differ in giving up",
+    "fsm-agent diff torchrun my_lifecycle.yaml --format json",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fsm-agent diff`` command line."""
+    parser = make_parser(
+        PROG, "List the transitions, state actions, outcomes and metrics that differ from "
+        "SPEC_A to SPEC_B (descriptions are not compared). Exit 0 when they behave the same, 1 "
+        "when they differ, 2 on bad input.", EXAMPLES)
+    add_spec_option(parser, "spec_a", metavar="SPEC_A", help="spec file or preset name")
+    add_spec_option(parser, "spec_b", metavar="SPEC_B", help="spec file or preset name")
+    add_format_option(parser)
+    return parser
 
 
 def _load(args: argparse.Namespace, value: str, flag: str) -> Spec:
@@ -37,18 +55,21 @@ def _load(args: argparse.Namespace, value: str, flag: str) -> Spec:
 def _diff(argv: list[str]) -> int:
     from .._diff import diff_specs, format_diff
 
-    parser = ArgumentParser(
-        prog=PROG,
-        description="List the transitions, state actions, outcomes and metrics that differ "
-        "from SPEC_A to SPEC_B (descriptions are not compared).",
-    )
-    add_spec_option(parser, "spec_a", metavar="SPEC_A", help="spec file or preset name")
-    add_spec_option(parser, "spec_b", metavar="SPEC_B", help="spec file or preset name")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     a = _load(args, args.spec_a, "SPEC_A")
     b = _load(args, args.spec_b, "SPEC_B")
     d = diff_specs(a, b)
-    sys.stdout.write(format_diff(d, paths=(shown(a.path), shown(b.path))))
+    if args.format == "json":
+        print_json("diff", {
+            "same": d.same,
+            "a": {"name": a.name, "path": a.path},
+            "b": {"name": b.name, "path": b.path},
+            "changes": [{"kind": c.kind, "element": c.element, "name": c.name,
+                         "details": list(c.details), "line_a": c.line_a, "line_b": c.line_b}
+                        for c in d.changes],
+        })
+    else:
+        sys.stdout.write(format_diff(d, paths=(shown(a.path), shown(b.path))))
     return OK if d.same else FAILED
 
 

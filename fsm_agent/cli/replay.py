@@ -5,49 +5,94 @@ No torch import: it reads specs and traces only.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ._common import (
     FAILED,
     OK,
-    ArgumentParser,
+    add_format_option,
     add_spec_option,
+    make_parser,
+    print_json,
     read_trace_arg,
     run_command,
     shown,
     spec_for_trace,
 )
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from .._replay import ReplayResult
+
+__all__ = ["build_parser", "main"]
 
 PROG = "fsm-agent replay"
+EXAMPLES = (
+    "fsm-agent replay run.jsonl                  # against the spec the trace names",
+    "fsm-agent replay run.jsonl --spec torchrun  # would torchrun's lifecycle have done this?",
+    "fsm-agent replay run.jsonl --format json",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fsm-agent replay`` command line."""
+    parser = make_parser(
+        PROG, "Check a recorded trace against its spec: every step must be a transition the "
+        "spec allows, with guards consistent with the recorded values. Exit 0 when every "
+        "lifecycle in the trace follows the spec, 1 at a divergence, 2 on bad input.", EXAMPLES)
+    parser.add_argument("trace", metavar="TRACE", help="a JSON Lines trace (fsm-agent run --trace)")
+    add_spec_option(parser, "--spec", default=None,
+                    help="spec file or preset name (default: the one the trace names)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print divergences only")
+    add_format_option(parser)
+    return parser
+
+
+def _lifecycle_json(index: int, res: ReplayResult) -> dict[str, Any]:
+    followed = res.checked if res.ok else max(res.checked - 1, 0)
+    records = res.trace.records[:followed]
+    path = [res.trace.records[0].source] if res.trace.records else []
+    path += [r.dest or "?" for r in records]
+    last = records[-1] if records else None
+    d = res.divergence
+    return {
+        "lifecycle": index,
+        "ok": res.ok,
+        "steps_followed": followed,
+        "path": path,
+        "final_state": res.final_state,
+        "restarts_used": None if last is None else last.data.get("restart_count"),
+        "restarts_left": None if last is None else last.data.get("remaining_restarts"),
+        "ended_with": None if last is None else last.error,
+        "divergence": None if d is None else {"step": d.step, "line": d.line,
+                                              "message": d.message},
+    }
 
 
 def _replay(argv: list[str]) -> int:
     from .._replay import replay, summary
 
-    parser = ArgumentParser(
-        prog=PROG,
-        description="Check a recorded trace against its spec: every step must be a transition "
-        "the spec allows, with guards consistent with the recorded values.",
-    )
-    parser.add_argument("trace", metavar="TRACE", help="a JSON Lines trace (fsm-agent run --trace)")
-    add_spec_option(parser, "--spec", default=None,
-                    help="spec file or preset name (default: the one the trace names)")
-    parser.add_argument("-q", "--quiet", action="store_true", help="print divergences only")
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     traces = read_trace_arg(args.trace)
     spec = spec_for_trace(args, args.trace, traces, args.spec)
-    bad = 0
-    for i, trace in enumerate(traces, start=1):
-        res = replay(spec, trace)
+    results = [replay(spec, trace) for trace in traces]
+    bad = sum(1 for r in results if not r.ok)
+    if args.format == "json":
+        print_json("replay", {
+            "ok": not bad,
+            "trace": args.trace,
+            "spec": {"name": spec.name, "path": spec.path},
+            "lifecycles": [_lifecycle_json(i, r) for i, r in enumerate(results, start=1)],
+        })
+        return FAILED if bad else OK
+    for i, res in enumerate(results, start=1):
         label = shown(args.trace) + (f" lifecycle {i}/{len(traces)}" if len(traces) > 1 else "")
         if res.ok:
             if not args.quiet:
                 print(f"{label}: follows spec {spec.name!r} ({shown(spec.path)})")
                 print("  " + summary(res).replace("\n", "\n  "))
         else:
-            bad += 1
             print(f"{label}: diverges from spec {spec.name!r} ({shown(spec.path)})")
             print(f"  {res.divergence}")
             if res.checked > 1 and not args.quiet:

@@ -23,13 +23,28 @@ from typing import Any
 from .._errors import SpecError
 from .._trace import TraceWriter
 from ..torch._launch import launch
-from ._common import FAILED, OK, USAGE, UsageError, add_spec_option, load_spec_arg
+from ._common import (
+    FAILED,
+    OK,
+    USAGE,
+    UsageError,
+    add_spec_option,
+    finish_parser,
+    load_spec_arg,
+)
 
 __all__ = ["build_parser", "main"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
 PROG = "fsm-agent run"
+EXAMPLES = (
+    "fsm-agent run --standalone --nproc-per-node 2 train.py       # one node, as torchrun",
+    "fsm-agent run --nnodes 1:4 --rdzv-backend c10d --rdzv-endpoint HOST:29400 "
+    "--max-restarts 3 train.py",
+    "fsm-agent run --spec torchrun --trace run.jsonl --standalone train.py; "
+    "fsm-agent replay run.jsonl",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = get_args_parser()
     parser.prog = PROG
     parser.description = (
-        "Launch a job as torchrun does; the agent's lifecycle follows a spec. "
-        + (parser.description or "")
+        f"{parser.description or 'torchrun'}, with the agent's lifecycle driven by a spec.\n"
+        "Takes every torchrun flag. Exit 0 when the job succeeds, 1 when it fails, 2 on bad\n"
+        "arguments, 128+N on signal N."
     )
     group = parser.add_argument_group("fsm-agent")
     add_spec_option(
@@ -68,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="Write every lifecycle transition to FILE (JSON lines; see fsm-agent replay).",
     )
+    finish_parser(parser, EXAMPLES)
     return parser
 
 

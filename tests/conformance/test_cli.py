@@ -21,10 +21,22 @@ def _repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_conforming_agent_exits_zero(capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["torch.distributed.elastic.agent.server.api:SimpleElasticAgent",
-                 "--examples", "40", "--seed", "1"])
+                 "--spec", "torchrun", "--examples", "40", "--seed", "1"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "conforms to spec 'torchrun' (40 scripts, seed 1)" in out
+
+
+def test_default_spec_is_torchelastic(capsys: pytest.CaptureFixture[str]) -> None:
+    # the same default as every other subcommand: torch 2.x's own agent gives up without the
+    # seed's exit barrier, so it does not conform to torchelastic
+    assert main(["fsm_agent:Lifecycle", "--examples", "20", "--seed", "2"]) == 0
+    assert "conforms to spec 'torchelastic'" in capsys.readouterr().out
+    code = main(["torch.distributed.elastic.agent.server.api:SimpleElasticAgent",
+                 "--examples", "200", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "--spec torchelastic" in out
 
 
 def test_lifecycle_against_a_preset_and_a_spec_file(capsys: pytest.CaptureFixture[str]) -> None:
@@ -35,7 +47,8 @@ def test_lifecycle_against_a_preset_and_a_spec_file(capsys: pytest.CaptureFixtur
 
 def test_counterexample_exits_one_with_table_and_reproduction(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code = main([f"{MUTANTS}:OffByOneMaxRestarts", "--examples", "300", "--seed", "5"])
+    code = main([f"{MUTANTS}:OffByOneMaxRestarts", "--spec", "torchrun", "--examples", "300",
+                 "--seed", "5"])
     out = capsys.readouterr().out
     assert code == 1
     assert "COUNTEREXAMPLE (300 scripts, seed 5)" in out
@@ -45,8 +58,9 @@ def test_counterexample_exits_one_with_table_and_reproduction(
 
 
 def test_factory_target(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([f"{MUTANTS}:good_lifecycle", "--examples", "20"]) == 0
-    assert main([f"{MUTANTS}:lifecycle_without_sleep", "--examples", "50"]) == 1
+    assert main([f"{MUTANTS}:good_lifecycle", "--spec", "torchrun", "--examples", "20"]) == 0
+    assert main([f"{MUTANTS}:lifecycle_without_sleep", "--spec", "torchrun",
+                 "--examples", "50"]) == 1
 
 
 @pytest.mark.parametrize(
