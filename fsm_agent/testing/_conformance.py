@@ -797,8 +797,9 @@ def render_table(config: RunConfig, script: Sequence[Tick], expected: Trace, act
     lines.append("")
     lines.append(f"expected outcome: {expected.outcome.describe()}; state {expected.state}, "
                  f"remaining_restarts {expected.remaining_restarts}")
+    differs = "  <-- differs" if problems and set(problems) - {"calls"} else ""
     lines.append(f"actual outcome:   {actual.outcome.describe()}; state {actual.state}, "
-                 f"remaining_restarts {actual.remaining_restarts}")
+                 f"remaining_restarts {actual.remaining_restarts}{differs}")
     if problems:
         lines.append("differs in: " + ", ".join(problems))
     return "\n".join(lines)
