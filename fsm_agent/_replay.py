@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
+from ._files import printable
 from ._spec import (
     ALWAYS_TRIGGER,
     ERROR_STATE,
@@ -22,11 +23,21 @@ from ._spec import (
     OBSERVATION_TRIGGERS,
     START_TRIGGER,
     Spec,
+    load_spec,
+    preset_names,
 )
 from ._spec import TransitionSpec as Transition
 from ._trace import Trace, TraceRecord
 
-__all__ = ["Divergence", "ReplayResult", "choose_transition", "expected_actions", "replay"]
+__all__ = [
+    "Divergence",
+    "ReplayResult",
+    "UntrustedSpec",
+    "choose_transition",
+    "expected_actions",
+    "replay",
+    "trace_spec",
+]
 
 _CONSUME = "consume_restart"
 
@@ -61,6 +72,43 @@ class ReplayResult:
     @property
     def ok(self) -> bool:
         return self.divergence is None
+
+
+class UntrustedSpec(LookupError):
+    """The spec a trace names cannot be used without the user naming it; ``str()`` says why.
+
+    ``path``: the spec file the header names (shown escaped), to suggest as ``--spec``.
+    """
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+def trace_spec(trace: Trace) -> Spec:
+    """The built-in spec that ``trace``'s header names.
+
+    A trace is untrusted input, so it may only choose among this installation's presets: a file
+    named in its header (``spec_path``) is never opened, and a ``spec`` that is no preset name is
+    never looked up as a path. Raises ``UntrustedSpec`` otherwise; the user then passes the spec.
+    """
+    header = trace.header
+    name = header.get("spec")
+    path = header.get("spec_path")
+    shown_path = printable(path) if isinstance(path, str) and path != "<string>" else None
+    if not isinstance(name, str) or not name:
+        raise UntrustedSpec("the trace does not name its spec (it was recorded without one)")
+    if name in preset_names():
+        preset = load_spec(name)
+        if path is None or header.get("preset") is True or path == preset.path:
+            return preset
+        raise UntrustedSpec(f"the trace was recorded with a spec named {name!r} from the file "
+                            f"{shown_path}, not with the built-in preset; a trace may not choose a "
+                            "file to read", shown_path)
+    where = f" from the file {shown_path}" if shown_path else ""
+    raise UntrustedSpec(f"the trace was recorded with spec {printable(repr(name), 80)}{where}, "
+                        "which is no built-in preset; a trace may not choose a file to read",
+                        shown_path)
 
 
 def _describe(t: Transition) -> str:

@@ -18,6 +18,7 @@ import attrs
 import yaml
 
 from ._errors import Problem, SpecError
+from ._files import read_bounded
 from ._vocabulary import Vocabulary
 
 __all__ = [
@@ -58,6 +59,7 @@ METRIC_VALUES = ("remaining_restarts", "restart_count", "max_restarts")
 
 MAX_SPEC_BYTES = 1 << 20
 MAX_NODES = 20_000
+MAX_DEPTH = 64
 # Exhaustiveness is checked by enumerating guard assignments; beyond this it is skipped.
 MAX_EXHAUSTIVE_GUARDS = 12
 
@@ -261,7 +263,8 @@ def load_spec(
         key = (str(path.resolve()), st.st_mtime_ns, st.st_size, id(vocab))
         if key in _LOAD_CACHE:
             return _LOAD_CACHE[key]
-        data = path.read_bytes()
+        # Bounded and never blocking: a FIFO or /dev/zero is refused, not read for ever.
+        data = read_bounded(path, MAX_SPEC_BYTES, "spec")
     except OSError as e:
         raise SpecError.single(shown, None, "", f"cannot read spec: {e.strerror or e}") from None
     spec = parse_spec(data, path=shown, vocabulary=vocab)
@@ -323,6 +326,11 @@ class _Reader:
             ) from None
         except yaml.YAMLError as e:
             raise SpecError.single(self.path, None, "", f"YAML error: {e}") from None
+        except RecursionError:
+            # The pure-Python composer recurses per level (libyaml's does not).
+            raise SpecError.single(
+                self.path, None, "", f"nested more than {MAX_DEPTH} levels deep (no spec is)"
+            ) from None
         if node is None:
             raise SpecError.single(self.path, 1, "", "empty spec")
         return self._build(node, ())
@@ -333,6 +341,11 @@ class _Reader:
         if self._count > MAX_NODES:
             raise SpecError.single(
                 self.path, line, _element(where), f"spec too large (more than {MAX_NODES} elements)"
+            )
+        if len(where) > MAX_DEPTH:
+            # Checked before recursing further: a nesting bomb is an error, not a RecursionError.
+            raise SpecError.single(
+                self.path, line, "", f"nested more than {MAX_DEPTH} levels deep (no spec is)"
             )
         self.lines[where] = line
         if node.tag not in _CORE_TAGS:

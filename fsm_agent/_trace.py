@@ -16,14 +16,20 @@ one starts a new lifecycle.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
+import logging
+import math
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import attrs
+
+from ._files import FileRefused, open_regular, printable
 
 if TYPE_CHECKING:
     from ._engine import Step
@@ -42,6 +48,8 @@ __all__ = [
     "step_record",
 ]
 
+logger = logging.getLogger(__name__)
+
 TRACE_FORMAT = "fsm-agent-trace"
 TRACE_VERSION = 1
 
@@ -55,7 +63,8 @@ _STEP_FIELDS: dict[str, type | tuple[type, ...]] = {
     "restart_count": int,
 }
 # Header fields the writer owns; static fields may not shadow them or the step fields.
-_RESERVED = frozenset({"kind", "format", "version", "spec", "spec_path", "seq", "wall_time",
+_RESERVED = frozenset({"kind", "format", "version", "spec", "spec_path", "preset", "seq",
+                       "wall_time",
                        "monotonic_time", "observed", "failures", "error", "role", *_STEP_FIELDS})
 
 
@@ -72,6 +81,8 @@ class TraceError(ValueError):
 
 def _jsonable(value: Any, depth: int = 0) -> Any:
     """A JSON-safe copy of ``value``: torch's ``ProcessFailure`` is a dataclass, for one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if depth > 6:
@@ -129,6 +140,13 @@ class JsonlTraceWriter:
     record, such as ``node`` (the runner knows them, the engine does not). ``dynamic``: called
     for every record, its fields added too: ``group_rank``, which a re-rendezvous may change.
 
+    A path must be a regular file (or not exist yet): a FIFO, device or directory raises
+    ``FileRefused`` (an ``OSError``) at once, as does a header that cannot be written. After
+    that the writer is an observer and never raises: a record that cannot be written (a full
+    disk, a file size limit, an I/O error, the file deleted) is logged as one warning naming the
+    file and the error, the trace is marked incomplete (an ``incomplete`` record, if the file
+    still takes one, now or at ``close()``) and later records are dropped.
+
     >>> import io
     >>> out = io.StringIO()
     >>> w = JsonlTraceWriter(out, group_rank=0)
@@ -149,16 +167,21 @@ class JsonlTraceWriter:
             raise ValueError(f"static trace fields may not be named {', '.join(clash)}")
         self._static = {k: _jsonable(v) for k, v in static.items()}
         self._dynamic = dynamic
+        self._fd: int | None = None
+        self._file: IO[str] | None = None
         if isinstance(target, (str, os.PathLike)):
             self.path: str = os.fspath(target)
-            # Line-buffered: every record reaches the OS when its newline is written.
-            self._file: IO[str] = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-            self._owns = True
+            # Raw appends, one write call per line: no buffer that keeps a failed line and
+            # raises again on close, and no line split across writes.
+            self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         else:
             self.path = getattr(target, "name", "<stream>")
             self._file = target
-            self._owns = False
         self._seq = 0
+        # Why writing stopped (None while it works); whether the incomplete marker is written.
+        self.failure: str | None = None
+        self._lost_seq = 0
+        self._marked = False
         header: dict[str, Any] = {"kind": "header", "format": TRACE_FORMAT,
                                   "version": TRACE_VERSION}
         if spec is not None:
@@ -168,34 +191,115 @@ class JsonlTraceWriter:
                 header["spec"] = spec.name
                 header["spec_path"] = os.path.abspath(spec.path) if spec.path != "<string>" \
                     else spec.path
+                if _is_preset(spec):
+                    header["preset"] = True
         header.update(self._static)
-        self._write(header)
+        try:
+            self._emit(_dumps(header))
+        except OSError:
+            self.close()
+            raise
 
-    def _write(self, record: Mapping[str, Any]) -> None:
-        # One write call per record: a crash can cut only the line being written.
-        self._file.write(json.dumps(record, allow_nan=False, default=repr) + "\n")
-        self._file.flush()
+    def _emit(self, line: str) -> None:
+        """Append ``line`` (ending in a newline); raises ``OSError``."""
+        if self._file is not None:
+            try:
+                self._file.write(line)
+                self._file.flush()
+            except ValueError as e:  # a closed stream
+                raise OSError(errno.EBADF, str(e)) from None
+            return
+        if self._fd is None:
+            raise OSError(errno.EBADF, "the trace file is closed")
+        data = memoryview(line.encode("utf-8"))
+        while data:
+            # A short write (a size limit reached mid-line) leaves a partial line; the marker
+            # that may follow starts on a line of its own, and the reader knows the two.
+            n = os.write(self._fd, data)
+            if n <= 0:
+                raise OSError(errno.EIO, "the file takes no more data")
+            data = data[n:]
+        if os.fstat(self._fd).st_nlink == 0:
+            raise OSError(errno.ENOENT, "the file was deleted while being written (was its "
+                          "directory removed?)")
+
+    def _write(self, record: Mapping[str, Any], seq: int) -> None:
+        if self.failure is not None:
+            return
+        try:
+            self._emit(_dumps(record))
+        except OSError as e:
+            self._fail(seq, e.strerror or str(e), deleted=e.errno == errno.ENOENT)
+
+    def _fail(self, seq: int, why: str, *, deleted: bool) -> None:
+        self.failure = why
+        # The one warning; the job goes on as if there were no trace.
+        logger.warning("trace %s: cannot write record %d: %s; the trace is incomplete from "
+                       "there on (later records are dropped; the job is not affected)",
+                       self.path, seq, why)
+        self._lost_seq = seq
+        self._marked = deleted  # nobody will read a deleted file
+        self._mark()
+
+    def _mark(self) -> None:
+        if self._marked or self.failure is None:
+            return
+        marker = {"kind": "incomplete", "seq": self._lost_seq, "wall_time": time.time(),
+                  "error": self.failure}
+        try:
+            # A blank line first: it ends a partial line, and the reader skips blank lines.
+            self._emit("\n" + _dumps(marker))
+            self._marked = True
+        except OSError:
+            pass  # tried again by close(): space may have been freed by then
 
     def __call__(self, step: Step) -> None:
         """Write the record of ``step`` (the engine calls this after every transition)."""
         self._seq += 1
+        if self.failure is not None:
+            return
         record = step_record(step, self._seq, self._static)
         if self._dynamic is not None:
             extra = {k: _jsonable(v) for k, v in self._dynamic().items()
                      if k not in _RESERVED or k == "role"}
             record.update(extra)
-        self._write(record)
+        self._write(record, self._seq)
 
     def close(self) -> None:
-        """Close the file if this writer opened it."""
-        if self._owns and not self._file.closed:
-            self._file.close()
+        """Close the file if this writer opened it (after a last try to mark a failed trace
+        incomplete). Never raises."""
+        self._mark()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def __enter__(self) -> JsonlTraceWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _dumps(record: Mapping[str, Any]) -> str:
+    try:
+        return json.dumps(record, allow_nan=False, default=repr) + "\n"
+    except ValueError:
+        # NaN or infinity somewhere (a failure's data): written as strings, not invalid JSON.
+        return json.dumps(_jsonable(record), allow_nan=False, default=repr) + "\n"
+
+
+def _is_preset(spec: Spec) -> bool:
+    """Whether ``spec`` is this installation's built-in spec of its name (the header says so,
+    and ``fsm-agent replay`` then uses the preset without opening any file the trace names)."""
+    from ._spec import load_spec, preset_names
+
+    if spec.name not in preset_names():
+        return False
+    try:
+        return os.path.abspath(load_spec(spec.name).path) == os.path.abspath(spec.path)
+    except Exception:
+        return False
 
 
 #: The name ``fsm-agent run --trace`` looks up.
@@ -251,12 +355,17 @@ class TraceRecord:
 
 @attrs.frozen
 class Trace:
-    """One lifecycle's records, with the header that started them (empty if there was none)."""
+    """One lifecycle's records, with the header that started them (empty if there was none).
+
+    ``incomplete``: why the records stop early, when the writer marked the trace incomplete (it
+    could not write a record: a full disk, a size limit, an I/O error); None otherwise.
+    """
 
     path: str
     header: Mapping[str, Any]
     header_line: int | None
     records: tuple[TraceRecord, ...]
+    incomplete: str | None = None
 
     @property
     def spec_name(self) -> str | None:
@@ -270,78 +379,177 @@ class Trace:
         return self.records[-1].dest if self.records else None
 
 
-def _lines(path: str) -> Iterator[tuple[int, str, bool]]:
-    with open(path, encoding="utf-8", newline="") as f:
-        for n, text in enumerate(f, start=1):
-            yield n, text.rstrip("\r\n"), text.endswith("\n")
+#: Bounds on what ``read_trace`` reads: a trace is untrusted input. A record is well under a
+#: kilobyte (a failure record of a large group, some kilobytes per failed rank).
+MAX_LINE_BYTES = 16 << 20
+MAX_TRACE_BYTES = 1 << 30
+#: How deeply JSON values may nest in a record (the writer's records nest less than 12 deep).
+MAX_DEPTH = 64
+
+
+def _too_deep(value: Any, limit: int = MAX_DEPTH) -> bool:
+    # Iterative: the check itself must not recurse.
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        todo.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _lines(path: str, fd: int) -> Iterator[tuple[int, bytes, bool]]:
+    """(line number, bytes without the line end, whether it ended in a newline), bounded."""
+    total = 0
+    with os.fdopen(fd, "rb") as f:
+        n = 0
+        while True:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            n += 1
+            total += len(raw)
+            if len(raw) > MAX_LINE_BYTES:
+                raise TraceError(path, n, f"line longer than {MAX_LINE_BYTES} bytes (no trace "
+                                 "record is that large)")
+            if total > MAX_TRACE_BYTES:
+                raise TraceError(path, n, f"trace larger than {MAX_TRACE_BYTES} bytes; split "
+                                 "it at a header line to replay it")
+            complete = raw.endswith(b"\n")
+            yield n, raw.rstrip(b"\r\n"), complete
+
+
+def _shown_value(value: Any) -> str:
+    return printable(repr(value), 60)
+
+
+def _parse(shown: str, n: int, raw: bytes, complete: bool) -> dict[str, Any]:
+    """One line as a JSON object; ``TraceError`` naming the line otherwise."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not complete:
+            raise TraceError(shown, n, _CUT_SHORT) from None
+        raise TraceError(shown, n, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if not complete:
+            raise TraceError(shown, n, _CUT_SHORT) from None
+        raise TraceError(shown, n, f"not valid JSON: {e.msg} at column {e.colno}") from None
+    except RecursionError:
+        data = _TOO_DEEP
+    if data is _TOO_DEEP or (isinstance(data, (dict, list)) and _too_deep(data)):
+        raise TraceError(shown, n, f"JSON nested more than {MAX_DEPTH} levels deep (no trace "
+                         "record is)")
+    if not isinstance(data, dict):
+        raise TraceError(shown, n, f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+_TOO_DEEP = object()
+_CUT_SHORT = ("the last record is cut short (no newline at the end: the writer was killed while "
+              "writing it, or the file took no more, e.g. a full disk or a file size limit)")
+
+
+def _check_header(shown: str, n: int, data: Mapping[str, Any]) -> None:
+    if data.get("format", TRACE_FORMAT) != TRACE_FORMAT:
+        raise TraceError(shown, n, f"not an fsm-agent trace (format "
+                         f"{_shown_value(data.get('format'))})")
+    version = data.get("version", TRACE_VERSION)
+    if not isinstance(version, int) or isinstance(version, bool) or version > TRACE_VERSION:
+        raise TraceError(shown, n, f"trace format version {_shown_value(version)} is newer "
+                         f"than this fsm-agent reads ({TRACE_VERSION})")
+    for field in ("spec", "spec_path"):
+        if not isinstance(data.get(field, ""), str):
+            raise TraceError(shown, n, f"header field {field!r} must be a string")
+
+
+def _check_step(shown: str, n: int, data: Mapping[str, Any]) -> None:
+    for field, types in _STEP_FIELDS.items():
+        if field not in data:
+            raise TraceError(shown, n, f"record has no {field!r} field")
+        if not isinstance(data[field], types) or isinstance(data[field], bool):
+            raise TraceError(shown, n, f"field {field!r} has the wrong type "
+                             f"({type(data[field]).__name__})")
+    for i, g in enumerate(data["guards"]):
+        if not (isinstance(g, dict) and isinstance(g.get("name"), str)
+                and isinstance(g.get("value"), bool)):
+            raise TraceError(shown, n, f"guards[{i}] must be {{\"name\": str, \"value\": bool}}")
+    for i, a in enumerate(data["actions"]):
+        if not (isinstance(a, dict) and isinstance(a.get("name"), str)):
+            raise TraceError(shown, n, f"actions[{i}] must be an object with a 'name'")
+    if not isinstance(data.get("error", ""), (str, type(None))):
+        raise TraceError(shown, n, "field 'error' must be a string or null")
 
 
 def read_trace(path: str | os.PathLike[str]) -> list[Trace]:
     """Read a trace file into its lifecycles (one per header; records before any header form one).
 
     Raises ``TraceError`` naming the file and line of the first line that is not a complete,
-    well-formed record: a line cut short by a crash, invalid JSON or a missing field.
+    well-formed record: a line cut short by a crash, invalid JSON or a missing field. A trace
+    is untrusted input: only a regular file is read (a FIFO or device is refused, never waited
+    on), lines and the whole file are bounded (``MAX_LINE_BYTES``, ``MAX_TRACE_BYTES``), and so
+    is nesting (``MAX_DEPTH``). A line the writer left cut short when it could write no more is
+    accepted when its ``incomplete`` marker follows: that lifecycle's ``Trace.incomplete``
+    says why it stops.
     """
     shown = os.fspath(path)
-    if not Path(shown).is_file():
-        raise TraceError(shown, None, "no such trace file")
+    try:
+        fd = open_regular(shown, os.O_RDONLY)
+    except FileNotFoundError:
+        raise TraceError(shown, None, "no such trace file") from None
+    except FileRefused as e:
+        raise TraceError(shown, None, f"cannot read: {e.strerror}") from None
+    except OSError as e:
+        raise TraceError(shown, None, f"cannot read: {e.strerror or e}") from None
     traces: list[Trace] = []
     header: dict[str, Any] = {}
     header_line: int | None = None
     records: list[TraceRecord] = []
+    incomplete: str | None = None
+    # The first bad line, held back: the writer's "incomplete" marker may follow it.
+    pending: TraceError | None = None
 
     def close_segment() -> None:
-        if records or header_line is not None:
-            traces.append(Trace(shown, header, header_line, tuple(records)))
+        if records or header_line is not None or incomplete is not None:
+            traces.append(Trace(shown, header, header_line, tuple(records), incomplete))
 
     try:
-        for n, text, complete in _lines(shown):
-            if not text.strip():
+        for n, raw, complete in _lines(shown, fd):
+            if not raw.strip():
                 continue
             try:
-                data = json.loads(text)
-            except json.JSONDecodeError as e:
+                data = _parse(shown, n, raw, complete)
+            except TraceError as e:
                 if not complete:
-                    raise TraceError(shown, n, "the last record is cut short (no newline at "
-                                     "the end; the writer was probably killed while writing "
-                                     "it)") from None
-                raise TraceError(shown, n, f"not valid JSON: {e.msg} at column {e.colno}") from None
-            if not isinstance(data, dict):
-                raise TraceError(shown, n, f"expected a JSON object, got {type(data).__name__}")
+                    raise (pending or e) from None
+                pending = pending or e
+                continue
             kind = data.get("kind", "step")
+            if kind == "incomplete":
+                seq, err = data.get("seq"), data.get("error")
+                incomplete = (f"the writer could not write record {_shown_value(seq)} or any "
+                              f"later one ({printable(err, 120)})")
+                pending = None
+                continue
+            if pending is not None:
+                raise pending
             if kind == "header":
-                if data.get("format", TRACE_FORMAT) != TRACE_FORMAT:
-                    raise TraceError(shown, n, f"not an fsm-agent trace (format "
-                                     f"{data.get('format')!r})")
-                version = data.get("version", TRACE_VERSION)
-                if not isinstance(version, int) or version > TRACE_VERSION:
-                    raise TraceError(shown, n, f"trace format version {version!r} is newer than "
-                                     f"this fsm-agent reads ({TRACE_VERSION})")
+                _check_header(shown, n, data)
                 close_segment()
-                header, header_line, records = dict(data), n, []
+                header, header_line, records, incomplete = dict(data), n, [], None
                 continue
             if kind != "step":
-                raise TraceError(shown, n, f"unknown record kind {kind!r} (expected 'header' "
-                                 "or 'step')")
-            for field, types in _STEP_FIELDS.items():
-                if field not in data:
-                    raise TraceError(shown, n, f"record has no {field!r} field")
-                if not isinstance(data[field], types) or isinstance(data[field], bool):
-                    raise TraceError(shown, n, f"field {field!r} has the wrong type "
-                                     f"({type(data[field]).__name__})")
-            for i, g in enumerate(data["guards"]):
-                if not (isinstance(g, dict) and isinstance(g.get("name"), str)
-                        and isinstance(g.get("value"), bool)):
-                    raise TraceError(shown, n, f"guards[{i}] must be {{\"name\": str, "
-                                     "\"value\": bool}")
-            for i, a in enumerate(data["actions"]):
-                if not (isinstance(a, dict) and isinstance(a.get("name"), str)):
-                    raise TraceError(shown, n, f"actions[{i}] must be an object with a 'name'")
+                raise TraceError(shown, n, f"unknown record kind {_shown_value(kind)} (expected "
+                                 "'header' or 'step')")
+            _check_step(shown, n, data)
             records.append(TraceRecord(n, data))
-    except UnicodeDecodeError as e:
-        raise TraceError(shown, None, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:
         raise TraceError(shown, None, f"cannot read: {e.strerror or e}") from None
+    if pending is not None:
+        raise pending
     close_segment()
     if not traces:
         raise TraceError(shown, None, "empty trace (no records)")
