@@ -14,7 +14,14 @@ import errno
 import os
 import stat
 
-__all__ = ["FileRefused", "open_regular", "printable", "read_bounded"]
+__all__ = [
+    "FileRefused",
+    "open_regular",
+    "printable",
+    "printable_lines",
+    "read_bounded",
+    "require_regular",
+]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -53,6 +60,27 @@ def _refuse_special(path: str, mode: int) -> None:
         raise FileRefused(path, reason, errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL)
 
 
+def _stat_mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except ValueError as e:  # "embedded null byte"
+        raise FileRefused(path, str(e)) from None
+
+
+def require_regular(path: str | os.PathLike[str], *, missing_ok: bool = False) -> None:
+    """Check, without opening it, that ``path`` is a regular file (or, with ``missing_ok``, does
+    not exist yet in an existing directory); ``FileRefused`` or ``OSError`` if not."""
+    shown = os.fspath(path)
+    try:
+        _refuse_special(shown, _stat_mode(shown))
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(shown))
+        if not missing_ok:
+            raise
+        if not os.path.isdir(parent):
+            raise FileRefused(shown, f"no such directory: {parent}", errno.ENOENT) from None
+
+
 def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o666) -> int:
     """``os.open(path, flags)`` for a regular file only; a file descriptor (close-on-exec).
 
@@ -62,7 +90,7 @@ def open_regular(path: str | os.PathLike[str], flags: int, mode: int = 0o666) ->
     """
     shown = os.fspath(path)
     try:
-        _refuse_special(shown, os.stat(shown).st_mode)
+        _refuse_special(shown, _stat_mode(shown))
     except FileNotFoundError:
         if not flags & os.O_CREAT:
             raise
@@ -104,3 +132,8 @@ def printable(text: object, limit: int = 200) -> str:
     if not s.isprintable():
         s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
     return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def printable_lines(text: object, limit: int = 2000) -> str:
+    """``printable`` for each line of ``text``; the line breaks stay."""
+    return "\n".join(printable(line, limit) for line in str(text).split("\n"))

@@ -11,7 +11,11 @@ Record fields (``step``): ``seq``, ``wall_time``, ``monotonic_time``, ``trigger`
 ``observed`` (the observed state's name or null), ``failures`` (global rank -> failure),
 ``error`` (what ended the lifecycle, if anything), ``role`` and the writer's static fields
 (``group_rank``, ...). A header (``"kind": "header"``) may appear again later in the file: each
-one starts a new lifecycle.
+one starts a new lifecycle. The header has ``"preset": true`` when the spec is a built-in one.
+
+A writer that cannot write a record (a full disk, a file size limit) stops and, if the file still
+takes it, appends ``{"kind": "incomplete", "seq": N, "error": ...}``: records from ``seq`` N on
+are missing. A partial line the failed write left just before it is not an error for the reader.
 """
 
 from __future__ import annotations
@@ -466,6 +470,11 @@ def _check_header(shown: str, n: int, data: Mapping[str, Any]) -> None:
             raise TraceError(shown, n, f"header field {field!r} must be a string")
 
 
+def _is_name(value: object) -> bool:
+    # Names go into diagrams and messages: as in specs, identifiers only (no markup, no escapes).
+    return isinstance(value, str) and value.isidentifier() and len(value) <= 200
+
+
 def _check_step(shown: str, n: int, data: Mapping[str, Any]) -> None:
     for field, types in _STEP_FIELDS.items():
         if field not in data:
@@ -473,13 +482,19 @@ def _check_step(shown: str, n: int, data: Mapping[str, Any]) -> None:
         if not isinstance(data[field], types) or isinstance(data[field], bool):
             raise TraceError(shown, n, f"field {field!r} has the wrong type "
                              f"({type(data[field]).__name__})")
+    for field in ("trigger", "source", "dest"):
+        if data[field] is not None and not _is_name(data[field]):
+            raise TraceError(shown, n, f"field {field!r} is not a name (letters, digits, "
+                             f"underscores): {_shown_value(data[field])}")
     for i, g in enumerate(data["guards"]):
-        if not (isinstance(g, dict) and isinstance(g.get("name"), str)
+        if not (isinstance(g, dict) and _is_name(g.get("name"))
                 and isinstance(g.get("value"), bool)):
-            raise TraceError(shown, n, f"guards[{i}] must be {{\"name\": str, \"value\": bool}}")
+            raise TraceError(shown, n, f"guards[{i}] must be {{\"name\": NAME, \"value\": "
+                             "bool}")
     for i, a in enumerate(data["actions"]):
-        if not (isinstance(a, dict) and isinstance(a.get("name"), str)):
-            raise TraceError(shown, n, f"actions[{i}] must be an object with a 'name'")
+        if not (isinstance(a, dict) and _is_name(a.get("name"))):
+            raise TraceError(shown, n, f"actions[{i}] must be an object with a 'name' (letters, "
+                             "digits, underscores)")
     if not isinstance(data.get("error", ""), (str, type(None))):
         raise TraceError(shown, n, "field 'error' must be a string or null")
 

@@ -102,13 +102,16 @@ def print_json(command: str, body: dict[str, Any]) -> None:
 
 def run_command(prog: str, body: Callable[[list[str]], int], argv: Sequence[str]) -> int:
     """Run one subcommand's ``body(argv)``; turn its errors into a line on stderr and a code."""
+    from .._files import printable_lines
+
     try:
         return int(body(list(argv)))
     except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        # Messages quote paths and trace fields: no terminal escapes, no endless lines.
+        print(f"{prog}: error: {printable_lines(e)}", file=sys.stderr)
         return e.code
     except SpecError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {printable_lines(e)}", file=sys.stderr)
         return USAGE
 
 
@@ -217,20 +220,25 @@ def read_trace_arg(path: str) -> list[Trace]:
 
 def spec_for_trace(args: argparse.Namespace, trace_path: str, traces: Sequence[Trace],
                    given: str | None, flag: str = "--spec") -> Spec:
-    """The spec given on the command line, else the one the trace's header names."""
-    def load(value: str, what: str) -> Spec:
-        try:
-            return load_spec_arg(args, value, flag=what)
-        except SpecError as e:
-            raise UsageError(f"{what}: {e}") from None
+    """The spec given on the command line, else the built-in preset the trace's header names.
+
+    A trace is untrusted input: no file it names is ever opened (``_replay.trace_spec``).
+    """
+    from .._files import printable
+    from .._replay import UntrustedSpec, trace_spec
 
     if given:
-        return load(given, flag)
-    first = traces[0]
-    spec_path = first.header.get("spec_path")
-    if isinstance(spec_path, str) and os.path.isfile(spec_path):
-        return load(spec_path, f"{trace_path}: header spec_path")
-    if first.spec_name:
-        return load(first.spec_name, f"{trace_path}: header spec")
-    raise UsageError(f"{trace_path}: the trace does not name its spec (it was recorded without "
-                     f"one); pass {flag} SPEC")
+        try:
+            return load_spec_arg(args, given, flag=flag)
+        except SpecError as e:
+            raise UsageError(f"{flag}: {e}") from None
+    try:
+        return trace_spec(traces[0])
+    except UntrustedSpec as e:
+        where = printable(trace_path)
+        option = flag.startswith("-")
+        if e.path:
+            how = f"{flag} {e.path}" if option else f"{e.path} as {flag}"
+            raise UsageError(f"{where}: {e}; pass {how} if you trust that file") from None
+        how = f"{flag} SPEC" if option else f"it as {flag}"
+        raise UsageError(f"{where}: {e}; pass {how}") from None

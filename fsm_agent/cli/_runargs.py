@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -114,6 +115,41 @@ def _script(args: argparse.Namespace) -> None:
         raise ArgError(f"training script {script!r}: not readable")
 
 
+def _log_dir(value: str | None) -> None:
+    """torch makes ``--log-dir`` (if missing) and a directory per run inside it; a regular file
+    there, or a directory that takes no new entries, fails late with a traceback (or, for
+    ``--redirects``, once per worker). Tried here instead, leaving nothing behind."""
+    if not value or value == os.devnull:
+        return
+    probe_in = value
+    while not os.path.exists(probe_in):
+        parent = os.path.dirname(os.path.abspath(probe_in))
+        if parent == os.path.abspath(probe_in):
+            break
+        probe_in = parent
+    if not os.path.isdir(probe_in):
+        what = "a file" if probe_in == value else f"{probe_in} is not a directory"
+        raise ArgError(f"--log-dir {value}: not a directory ({what})")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".fsm-agent-probe-", dir=probe_in))
+    except OSError as e:
+        where = "in it" if probe_in == value else f"in {probe_in}"
+        raise ArgError(f"--log-dir {value}: cannot create directories {where} "
+                       f"({e.strerror or e})") from None
+
+
+def _trace_file(value: str | None) -> None:
+    """``--trace``: a regular file or a new one; a FIFO would block, a device never fills."""
+    if not value:
+        return
+    from .._files import require_regular
+
+    try:
+        require_regular(value, missing_ok=True)
+    except OSError as e:
+        raise ArgError(f"--trace {value}: {e.strerror or e}") from None
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Check parsed ``fsm-agent run`` arguments; raise :class:`ArgError` on the first problem."""
     if args.max_restarts < 0:
@@ -143,4 +179,6 @@ def check_args(args: argparse.Namespace) -> None:
     if args.master_port is not None and not 0 <= args.master_port <= 65535:
         raise ArgError(f"--master-port must be a port number (0-65535), got {args.master_port}")
     _rdzv_conf(args.rdzv_conf)
+    _log_dir(args.log_dir)
+    _trace_file(getattr(args, "trace", None))
     _script(args)

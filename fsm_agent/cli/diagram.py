@@ -115,6 +115,7 @@ def _diagram(argv: list[str]) -> int:
     highlight = None
     if args.trace:
         from .._diagram import highlight_from_replay
+        from .._files import printable
         from .._replay import replay
 
         traces = read_trace_arg(args.trace)
@@ -123,7 +124,11 @@ def _diagram(argv: list[str]) -> int:
         highlight = _merge([highlight_from_replay(r) for r in results])
         for r in results:
             if not r.ok:
-                print(f"{PROG}: warning: {args.trace}: {r.divergence}", file=sys.stderr)
+                print(f"{PROG}: warning: {args.trace}: {printable(r.divergence, 1000)}",
+                      file=sys.stderr)
+            if r.trace.incomplete:
+                print(f"{PROG}: warning: {args.trace}: incomplete trace: "
+                      f"{r.trace.incomplete}", file=sys.stderr)
     else:
         spec = load_spec_arg(args, args.spec or DEFAULT_SPEC, flag="SPEC")
 

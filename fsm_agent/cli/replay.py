@@ -71,6 +71,7 @@ def _lifecycle_json(index: int, res: ReplayResult) -> dict[str, Any]:
 
 
 def _replay(argv: list[str]) -> int:
+    from .._files import printable_lines as safe  # trace fields: no escapes, no huge lines
     from .._replay import replay, summary
 
     args = build_parser().parse_args(argv)
@@ -91,13 +92,17 @@ def _replay(argv: list[str]) -> int:
         if res.ok:
             if not args.quiet:
                 print(f"{label}: follows spec {spec.name!r} ({shown(spec.path)})")
-                print("  " + summary(res).replace("\n", "\n  "))
+                print("  " + safe(summary(res)).replace("\n", "\n  "))
         else:
             print(f"{label}: diverges from spec {spec.name!r} ({shown(spec.path)})")
-            print(f"  {res.divergence}")
+            print(f"  {safe(res.divergence)}")
             if res.checked > 1 and not args.quiet:
-                print("  path until then: " + summary(res, steps=res.checked - 1)
-                      .split("\n")[0])
+                print("  path until then: " + safe(summary(res, steps=res.checked - 1)
+                                                  .split("\n")[0]))
+        if trace.incomplete:
+            # Even with -q: what was replayed is not the whole lifecycle.
+            print(f"  incomplete trace: {trace.incomplete}; only the steps before it were "
+                  "checked")
     return FAILED if bad else OK
 
 

@@ -175,7 +175,8 @@ def main(argv: Sequence[str]) -> int:
         _prepare(args)
         try:
             config, cmd, cmd_args = config_from_args(args)
-        except (AssertionError, ValueError, RuntimeError) as e:
+        except (AssertionError, ValueError, RuntimeError, OSError) as e:
+            # OSError: torch makes --log-dir here (a race with the check in _runargs).
             raise UsageError(str(e)) from e
         ref = _AgentRef()
         listeners = []
