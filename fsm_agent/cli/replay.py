@@ -67,6 +67,8 @@ def _lifecycle_json(index: int, res: ReplayResult) -> dict[str, Any]:
         "ended_with": None if last is None else last.error,
         "divergence": None if d is None else {"step": d.step, "line": d.line,
                                               "message": d.message},
+        # Why the trace stops early (the writer could not write on), or null.
+        "incomplete": res.trace.incomplete,
     }
 
 
@@ -99,9 +101,9 @@ def _replay(argv: list[str]) -> int:
             if res.checked > 1 and not args.quiet:
                 print("  path until then: " + safe(summary(res, steps=res.checked - 1)
                                                   .split("\n")[0]))
-        if trace.incomplete:
+        if res.trace.incomplete:
             # Even with -q: what was replayed is not the whole lifecycle.
-            print(f"  incomplete trace: {trace.incomplete}; only the steps before it were "
+            print(f"  incomplete trace: {res.trace.incomplete}; only the steps before it were "
                   "checked")
     return FAILED if bad else OK
 
