@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "diagram": "draw a spec (or a trace's path) as a diagram",
     "replay": "check a recorded trace against a spec",
     "diff": "list what differs between two specs",
+    "report": "merge a job's traces into an HTML report or a text summary",
     "conformance": "check a supervisor against a spec with property-based tests",
 }
 

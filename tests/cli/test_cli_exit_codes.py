@@ -32,6 +32,7 @@ MISSING_SPEC = {
     "diagram": ["nosuch.yaml"],
     "replay": [str(TRACE), "--spec", "nosuch"],
     "diff": ["torchrun", "nosuch"],
+    "report": [str(TRACE), "--spec", "nosuch"],
     "conformance": ["fsm_agent:Lifecycle", "--spec", "nosuch"],
 }
 
@@ -49,6 +50,7 @@ VALID = {
     "diagram": [],
     "replay": [str(TRACE)],
     "diff": ["torchrun", "torchelastic"],
+    "report": [str(TRACE), "--format", "text"],
     "conformance": ["fsm_agent:Lifecycle"],
 }
 

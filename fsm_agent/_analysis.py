@@ -1,0 +1,605 @@
+"""What happened in a job, read from its agents' traces: the root cause, each decision, time lost.
+
+:func:`analyse` merges the traces of every agent of a job (one *lane* per agent) into a
+:class:`JobAnalysis`: where each agent's time went (running, stopping, rendezvous, backoff,
+barrier waits), every failure the agents observed and the transition that decided what to do
+about it (the failure-policy rule when the trace names one, else the spec's transition and its
+guard values), the root cause (the first failure of the round that ended the job, or the first
+failure of all if the job recovered) and the time lost per cause. :func:`format_text` prints it
+for a terminal; ``fsm_agent._report`` draws it as an HTML page. Nothing here imports torch.
+
+Time lost to a failure is counted from the tick that observed it until the workers ran again
+(stop, backoff, health checks, rendezvous and start), or until the agent ended if it gave up;
+for a hang, the time the workers were stuck before the hang was detected is added. Work lost
+since the workers' last checkpoint is not in the trace and is not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from ._spec import Spec
+from ._trace import Trace, TraceRecord
+
+__all__ = ["Decision", "FailureInfo", "Incident", "JobAnalysis", "Lane", "Segment", "analyse",
+           "format_text"]
+
+#: Triggers whose step means the workers failed or stopped making progress.
+FAILURE_TRIGGERS = ("failed", "unhealthy", "hung")
+#: Action name -> timeline segment kind.
+ACTION_KINDS = {
+    "stop_workers": "stopping",
+    "restart_workers": "restarting",
+    "rendezvous": "rendezvous",
+    "start_workers": "starting",
+    "exit_barrier": "barrier",
+    "capture_stacks": "stacks",
+}
+RUNNING_STATES = ("HEALTHY",)
+
+
+@attrs.frozen
+class Segment:
+    """A span of one lane's time: ``kind`` is running, stopping, rendezvous, starting, backoff,
+    barrier, stacks, health, action (another action) or waiting (any other state)."""
+
+    start: float
+    end: float
+    kind: str
+    label: str
+
+
+@attrs.frozen
+class FailureInfo:
+    """One failed rank, as the trace recorded torch's ``ProcessFailure``."""
+
+    rank: int
+    local_rank: int | None
+    pid: int | None
+    exitcode: int | None
+    error_file: str | None
+    exception: str | None  # "ValueError: bad batch" from the error file
+    traceback: str | None
+    message: str | None
+    timestamp: float | None
+    node: str
+
+    @property
+    def how(self) -> str:
+        """``exit code 3``, ``signal SIGKILL`` or ``hung``."""
+        if self.exitcode is None:
+            return "failed"
+        if self.exitcode < 0:
+            try:
+                return f"signal {signal.Signals(-self.exitcode).name}"
+            except ValueError:
+                return f"signal {-self.exitcode}"
+        return f"exit code {self.exitcode}"
+
+
+@attrs.frozen
+class Decision:
+    """The transition that decided what to do about an incident."""
+
+    trigger: str
+    source: str
+    dest: str
+    rule: str | None
+    guards: tuple[tuple[str, bool], ...]
+    line: int | None
+    description: str
+    outcome: str  # "restart", "gave up", "membership restart", "left the job", "aborted"
+
+    def describe(self) -> str:
+        """``rule 'crash_loop'`` or ``failed HEALTHY -> FAILED [!has_restarts_left] (line 53)``."""
+        conds = ", ".join(f"{n}={'true' if v else 'false'}" for n, v in self.guards)
+        where = f" (spec line {self.line})" if self.line else ""
+        head = f"rule {self.rule!r}: " if self.rule else ""
+        text = f"{head}{self.trigger} {self.source} -> {self.dest}{where}"
+        return text + (f" with {conds}" if conds else "")
+
+
+@attrs.frozen
+class Incident:
+    """A failure (or hang, or membership change, or failed health check) one agent observed,
+    what it decided and what it cost."""
+
+    lane: int
+    node: str
+    start: float
+    end: float
+    trigger: str
+    cause: str
+    failures: tuple[FailureInfo, ...]
+    decision: Decision | None
+    restart_count: int
+    remaining_restarts: int
+    hang_idle: float
+    stacks: tuple[Mapping[str, Any], ...]
+    health: Mapping[str, Any] | None
+
+    @property
+    def lost(self) -> float:
+        """Seconds of work lost: downtime plus, for a hang, the time stuck before detection."""
+        return max(0.0, self.end - self.start) + self.hang_idle
+
+
+@attrs.frozen
+class Lane:
+    """One agent: its label, its segments and where it ended."""
+
+    index: int
+    node: str
+    label: str
+    start: float
+    end: float
+    final_state: str | None
+    error: str | None
+    segments: tuple[Segment, ...]
+    steps: int
+    records: int
+
+
+@attrs.frozen
+class JobAnalysis:
+    """Everything the summary and the report show."""
+
+    spec_name: str | None
+    run_id: str | None
+    lanes: tuple[Lane, ...]
+    incidents: tuple[Incident, ...]
+    root_cause: FailureInfo | None
+    root_incident: Incident | None
+    outcome: str  # SUCCEEDED, FAILED, LEFT, INTERRUPTED, RUNNING, ...
+    restarts_used: int
+    restart_budget: int | None
+    start: float
+    end: float
+    lost_by_cause: tuple[tuple[str, float, int], ...]  # (cause, seconds, incidents)
+    stacks: tuple[Mapping[str, Any], ...]
+    error_files: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def lost(self) -> float:
+        return sum(s for _, s, _ in self.lost_by_cause)
+
+
+# ---------------------------------------------------------------------------------------------
+# reading records
+
+
+def _num(value: Any, default: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return default
+    return float(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _step_end(rec: TraceRecord) -> float:
+    """When a step's actions ended (its start plus their durations)."""
+    t = _num(rec.data.get("wall_time"))
+    return t + sum(_num(a.get("duration_s")) for a in rec.actions)
+
+
+def _last_time(rec: TraceRecord) -> float:
+    """The wall time of the last step a (possibly folded) record stands for."""
+    return max(_num(rec.data.get("last_wall_time"), _num(rec.data.get("wall_time"))),
+               _num(rec.data.get("wall_time")))
+
+
+def _count(rec: TraceRecord) -> int:
+    n = rec.data.get("count", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+
+def _diagnostics(rec: TraceRecord) -> Mapping[str, Any]:
+    d = rec.data.get("diagnostics")
+    return d if isinstance(d, Mapping) else {}
+
+
+def _exception(data: Any) -> tuple[str | None, str | None]:
+    """(``Type: message``, traceback) from a torch error file's JSON."""
+    if not isinstance(data, Mapping):
+        return None, None
+    msg = data.get("message")
+    if isinstance(msg, Mapping):
+        text = msg.get("message")
+        extra = msg.get("extraInfo")
+        tb = extra.get("py_callstack") if isinstance(extra, Mapping) else None
+        return (str(text).strip() if text else None), (str(tb) if tb else None)
+    if isinstance(msg, str) and msg and msg != "<NONE>":
+        return msg.strip(), None
+    return None, None
+
+
+def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
+    raw = rec.data.get("failures")
+    if not isinstance(raw, Mapping):
+        return ()
+    out = []
+    for key, f in raw.items():
+        try:
+            rank = int(key)
+        except (TypeError, ValueError):
+            continue
+        if not isinstance(f, Mapping):
+            out.append(FailureInfo(rank, None, None, None, None, None, None, str(f), None, node))
+            continue
+        exc, tb = _exception(f.get("error_file_data"))
+        message = f.get("message")
+        if isinstance(message, Mapping):
+            message = message.get("message")
+        error_file = f.get("error_file")
+        out.append(FailureInfo(
+            rank=rank,
+            local_rank=_opt_int(f.get("local_rank")),
+            pid=_opt_int(f.get("pid")),
+            exitcode=_opt_int(f.get("exitcode")),
+            error_file=error_file if isinstance(error_file, str) and error_file
+            and error_file != "<N/A>" else None,
+            exception=exc,
+            traceback=tb,
+            message=str(message) if message else None,
+            timestamp=_num(f.get("timestamp"), math.nan),
+            node=node,
+        ))
+    return tuple(sorted(out, key=lambda f: f.rank))
+
+
+def _state_kind(spec: Spec | None, state: str | None, rec: TraceRecord) -> str:
+    if state in RUNNING_STATES:
+        return "running"
+    if rec.data.get("timer") is not None or (state is not None and "BACKOFF" in state):
+        return "backoff"
+    return "waiting"
+
+
+def _action_kind(name: str) -> str:
+    if name in ACTION_KINDS:
+        return ACTION_KINDS[name]
+    if "health" in name or name.startswith("check_"):
+        return "health"
+    return "action"
+
+
+def _decision(spec: Spec | None, rec: TraceRecord, outcome: str) -> Decision:
+    line = None
+    description = ""
+    if spec is not None:
+        from ._replay import choose_transition
+
+        chosen, _, _ = choose_transition(spec.outgoing(rec.source, rec.trigger), dict(rec.guards))
+        if chosen is not None:
+            line, description = chosen.line, chosen.description
+    rule = rec.data.get("rule")
+    return Decision(rec.trigger, rec.source, rec.dest or "?", rule if isinstance(rule, str)
+                    else None, tuple(rec.guards), line, description, outcome)
+
+
+def _lane_label(header: Mapping[str, Any], first: TraceRecord | None) -> tuple[str, str]:
+    src = dict(header)
+    if first is not None:
+        src = {**src, **{k: v for k, v in first.data.items() if k in ("node", "group_rank")}}
+    node = str(src.get("node") or "agent")
+    gr = src.get("group_rank")
+    pid = src.get("pid")
+    label = node + (f" · group rank {gr}" if gr is not None else "")
+    label += f" · pid {pid}" if pid is not None else ""
+    return node, label
+
+
+# ---------------------------------------------------------------------------------------------
+# analysis
+
+
+def _segments(records: Sequence[TraceRecord], spec: Spec | None) -> list[Segment]:
+    segs: list[Segment] = []
+    for i, rec in enumerate(records):
+        t = _num(rec.data.get("wall_time"))
+        for a in rec.actions:
+            if a.get("kind") == "guard":
+                continue
+            d = _num(a.get("duration_s"))
+            name = str(a.get("name"))
+            segs.append(Segment(t, t + d, _action_kind(name), name))
+            t += d
+        nxt = _num(records[i + 1].data.get("wall_time")) if i + 1 < len(records) else None
+        stop = nxt if nxt is not None else max(t, _last_time(rec))
+        if rec.dest and stop > t and (nxt is not None or rec.dest in RUNNING_STATES):
+            segs.append(Segment(t, stop, _state_kind(spec, rec.dest, rec), rec.dest))
+    # Merge neighbours of the same kind (folded healthy ticks, consecutive restarts' halves).
+    merged: list[Segment] = []
+    for s in segs:
+        if merged and merged[-1].kind == s.kind and merged[-1].label == s.label \
+                and s.start - merged[-1].end < 1e-3:
+            merged[-1] = attrs.evolve(merged[-1], end=max(merged[-1].end, s.end))
+        else:
+            merged.append(s)
+    return merged
+
+
+def _cause(trigger: str, failures: Sequence[FailureInfo]) -> str:
+    if trigger == "hung":
+        return "hang"
+    if not failures:
+        return "unhealthy" if trigger == "unhealthy" else "failure"
+    first = min(failures, key=lambda f: (_num(f.timestamp, math.inf), f.rank))
+    exc = first.exception.split(":", 1)[0] if first.exception else None
+    return first.how + (f" ({exc})" if exc else "")
+
+
+def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
+               spec: Spec | None) -> list[Incident]:
+    out: list[Incident] = []
+    i = 0
+    n = len(records)
+    while i < n:
+        rec = records[i]
+        diag = _diagnostics(rec)
+        health = diag.get("health") if isinstance(diag.get("health"), Mapping) else None
+        stop_acts = {"stop_workers", "restart_workers"} & {str(a.get("name"))
+                                                            for a in rec.actions}
+        failure = rec.trigger in FAILURE_TRIGGERS and rec.source in RUNNING_STATES
+        membership = rec.trigger == "healthy" and bool(stop_acts)
+        left = health is not None and health.get("ok") is False
+        if not (failure or membership or left):
+            i += 1
+            continue
+        # Follow the chain of steps until the workers run again or the lifecycle ends.
+        chain = [rec]
+        j = i + 1
+        while chain[-1].dest not in RUNNING_STATES and j < n:
+            chain.append(records[j])
+            j += 1
+        last = chain[-1]
+        dest = last.dest or "?"
+        consumed = any(str(a.get("name")) == "consume_restart" for r in chain for a in r.actions)
+        if dest in RUNNING_STATES:
+            outcome = "restart" if consumed else ("membership restart" if membership
+                                                  else "rejoined")
+            end = _step_end(last)
+        else:
+            if left:
+                outcome = "left the job"
+            elif dest == "FAILED":
+                outcome = "gave up"
+            else:
+                outcome = "aborted"
+            end = _step_end(last)
+        # The deciding step: the one that consumed a restart or went to a final state, or the
+        # one a rule names, else the first.
+        decider = next((r for r in chain if r.data.get("rule")), None) or next(
+            (r for r in chain if any(str(a.get("name")) == "consume_restart" for a in r.actions)),
+            None) or next((r for r in chain if r.dest == dest and dest not in RUNNING_STATES),
+                          None) or (next((r for r in chain if r.guards), None) or rec)
+        failures = _failures(rec, node)
+        stacks: list[Mapping[str, Any]] = []
+        hang_idle = 0.0
+        for r in chain:
+            d = _diagnostics(r)
+            st = d.get("stacks")
+            if isinstance(st, list):
+                stacks.extend(s for s in st if isinstance(s, Mapping))
+            hang = d.get("hang")
+            if isinstance(hang, Mapping):
+                workers = hang.get("workers")
+                if isinstance(workers, list):
+                    hang_idle = max([hang_idle, *(_num(w.get("idle_s")) for w in workers
+                                                  if isinstance(w, Mapping))])
+        if left:
+            cause = "unhealthy node"
+        elif membership:
+            cause = "membership change"
+        else:
+            cause = _cause(rec.trigger, failures)
+        out.append(Incident(
+            lane=lane, node=node, start=_num(rec.data.get("wall_time")), end=end,
+            trigger=rec.trigger, cause=cause, failures=failures,
+            decision=_decision(spec, decider, outcome),
+            restart_count=int(last.data.get("restart_count", 0)),
+            remaining_restarts=int(last.data.get("remaining_restarts", 0)),
+            hang_idle=hang_idle, stacks=tuple(stacks), health=health,
+        ))
+        i = j
+    return out
+
+
+def _outcome(lanes: Sequence[Lane]) -> str:
+    finals = [ln.final_state for ln in lanes]
+    errors = [ln.error for ln in lanes if ln.error]
+    if any(f == "FAILED" for f in finals):
+        return "FAILED"
+    if any(f == "UNKNOWN" for f in finals):
+        return "ABORTED"
+    if errors:
+        return "INTERRUPTED"
+    if finals and all(f == "SUCCEEDED" for f in finals):
+        return "SUCCEEDED"
+    if any(f == "SUCCEEDED" for f in finals):
+        return "SUCCEEDED"
+    return "RUNNING" if finals else "EMPTY"
+
+
+def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = None
+            ) -> JobAnalysis:
+    """Merge the lifecycles in ``traces`` (one lane per agent: node and pid) into one analysis.
+
+    ``specs``: the spec of every trace (one ``Spec`` for all, or trace index -> spec); without
+    it decisions are named by their trigger and guards only.
+    """
+    by_agent: dict[tuple[str, Any], list[tuple[Trace, Spec | None]]] = {}
+    for i, trace in enumerate(traces):
+        spec = specs.get(i) if isinstance(specs, Mapping) else specs
+        first = trace.records[0] if trace.records else None
+        node, _ = _lane_label(trace.header, first)
+        key = (node, trace.header.get("pid", trace.path))
+        by_agent.setdefault(key, []).append((trace, spec))
+    lanes: list[Lane] = []
+    incidents: list[Incident] = []
+    warnings: list[str] = []
+    spec_name = run_id = None
+    budget: int | None = None
+    used = 0
+    for idx, parts in enumerate(sorted(by_agent.values(), key=lambda p: _first_time(p[0][0]))):
+        segs: list[Segment] = []
+        records_total = steps = 0
+        final = error = None
+        node, label = _lane_label(parts[0][0].header, parts[0][0].records[0]
+                                  if parts[0][0].records else None)
+        start = math.inf
+        end = -math.inf
+        for trace, spec in parts:
+            recs = trace.records
+            if not recs:
+                continue
+            spec_name = spec_name or trace.spec_name
+            run_id = run_id or (str(trace.header["run_id"]) if trace.header.get("run_id")
+                                else None)
+            incomplete = getattr(trace, "incomplete", None)
+            if incomplete:
+                warnings.append(f"{trace.path}: {incomplete}")
+            first = recs[0]
+            b = int(first.data.get("remaining_restarts", 0)) + int(first.data.get(
+                "restart_count", 0))
+            budget = b if budget is None else max(budget, b)
+            used = max(used, int(recs[-1].data.get("restart_count", 0)))
+            segs.extend(_segments(recs, spec))
+            incidents.extend(_incidents(idx, node, recs, spec))
+            records_total += len(recs)
+            steps += sum(_count(r) for r in recs)
+            start = min(start, _num(first.data.get("wall_time")))
+            end = max(end, _step_end(recs[-1]), _last_time(recs[-1]))
+            final = recs[-1].dest
+            error = recs[-1].error
+        if not records_total:
+            continue
+        lanes.append(Lane(idx, node, label, start, end, final, error, tuple(segs), steps,
+                          records_total))
+    lanes_t = tuple(lanes)
+    outcome = _outcome(lanes_t)
+    failing = [x for x in incidents if x.failures or x.trigger == "hung"]
+    gave_up = [x for x in failing if x.decision is not None and x.decision.outcome in
+               ("gave up", "aborted")]
+    pool = gave_up or failing
+    root_incident = min(pool, key=lambda x: x.start) if pool else None
+    root = None
+    if pool:
+        candidates = [(f, x) for x in pool for f in x.failures]
+        if candidates:
+            f, x = min(candidates, key=lambda fx: (_num(fx[0].timestamp, math.inf),
+                                                   fx[1].start, fx[0].rank))
+            root, root_incident = f, x
+    lost: dict[str, tuple[float, int]] = {}
+    for x in incidents:
+        s, k = lost.get(x.cause, (0.0, 0))
+        lost[x.cause] = (s + x.lost, k + 1)
+    stacks = tuple(s for x in incidents for s in x.stacks)
+    error_files = tuple(sorted({f.error_file for x in incidents for f in x.failures
+                                if f.error_file}))
+    start = min((ln.start for ln in lanes_t), default=0.0)
+    end = max((ln.end for ln in lanes_t), default=0.0)
+    return JobAnalysis(
+        spec_name=spec_name, run_id=run_id, lanes=lanes_t,
+        incidents=tuple(sorted(incidents, key=lambda x: x.start)),
+        root_cause=root, root_incident=root_incident, outcome=outcome,
+        restarts_used=used, restart_budget=budget, start=start, end=end,
+        lost_by_cause=tuple(sorted(((c, s, k) for c, (s, k) in lost.items()),
+                                   key=lambda t: -t[1])),
+        stacks=stacks, error_files=error_files, warnings=tuple(warnings),
+    )
+
+
+def _first_time(trace: Trace) -> float:
+    return _num(trace.records[0].data.get("wall_time")) if trace.records else math.inf
+
+
+# ---------------------------------------------------------------------------------------------
+# text
+
+
+def fmt_seconds(s: float) -> str:
+    """``0.42 s``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if s < 10:
+        return f"{s:.2f} s"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+def describe_failure(f: FailureInfo) -> str:
+    """``rank 1 (node a, local rank 1, pid 42): exit code 3: ValueError: bad batch``."""
+    where = ", ".join(p for p in (f"node {f.node}", f"local rank {f.local_rank}"
+                                  if f.local_rank is not None else "", f"pid {f.pid}"
+                                  if f.pid is not None else "") if p)
+    what = f.how
+    detail = f.exception or (f.message if f.message and not f.message.startswith(
+        "To enable traceback") else None)
+    return f"rank {f.rank} ({where}): {what}" + (f": {detail}" if detail else "")
+
+
+def _rel(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def format_text(a: JobAnalysis) -> str:
+    """The summary for a terminal: root cause first, then the deciding rule, the restart budget,
+    time lost per cause, and where the stacks and error files are."""
+    lines = []
+    nodes = len(a.lanes)
+    head = f"job {a.outcome}"
+    if a.spec_name:
+        head += f" (spec {a.spec_name!r}"
+        head += f", {nodes} agent{'s' if nodes != 1 else ''})"
+    lines.append(f"fsm-agent: {head} after {fmt_seconds(max(0.0, a.end - a.start))}")
+    x = a.root_incident
+    if a.root_cause is not None:
+        label = "root cause" if a.outcome != "SUCCEEDED" else "first failure (recovered)"
+        lines.append(f"{label}: {describe_failure(a.root_cause)}")
+    elif x is not None and x.trigger == "hung":
+        lines.append("root cause: worker group hung")
+    left = [i for i in a.incidents if i.cause == "unhealthy node"]
+    if left and a.root_cause is None:
+        reason = left[0].health.get("reason") if left[0].health else None
+        lines.append(f"root cause: node {left[0].node} failed its health check: {reason}")
+    if x is not None and x.trigger == "hung":
+        hung = [f for f in x.failures]
+        if hung:
+            lines.append("  hung ranks: " + ", ".join(str(f.rank) for f in hung)
+                         + (f" (no progress for {fmt_seconds(x.hang_idle)})" if x.hang_idle
+                            else ""))
+    if x is not None and x.decision is not None:
+        verb = {"gave up": "gave up", "restart": "restarted", "aborted": "aborted"}.get(
+            x.decision.outcome, x.decision.outcome)
+        lines.append(f"decided by: {x.decision.describe()} -> {verb}")
+    if a.restart_budget is not None:
+        lines.append(f"restarts: {a.restarts_used} of {a.restart_budget} used")
+    if a.incidents:
+        parts = [f"{c} {fmt_seconds(s)} ({k}x)" for c, s, k in a.lost_by_cause]
+        lines.append(f"time lost: {fmt_seconds(a.lost)}: " + "; ".join(parts))
+    if a.stacks:
+        lines.append("stacks:")
+        for s in a.stacks:
+            how = "" if s.get("method") == "py-spy" else f" (no Python frames: {s.get('error')})"
+            lines.append(f"  rank {s.get('rank')}: {_rel(str(s.get('path')))}{how}")
+    if a.error_files:
+        lines.append("error files:")
+        lines.extend(f"  {_rel(p)}" for p in a.error_files)
+    for w in a.warnings:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,340 @@
+"""``fsm-agent report``: a job's traces as one self-contained HTML page.
+
+The page needs no network and no script: inline CSS, inline SVG (the timeline, drawn here; the
+spec's diagram, drawn by Graphviz when the ``diagrams`` extra is installed, else a table of the
+transitions taken), and ``<details>`` for the long parts (stacks, tracebacks). Everything that
+comes from a trace is escaped: a trace is untrusted input.
+
+Sections: the outcome and the root cause; a timeline with a lane per agent (attempts, failures,
+restarts, backoffs, rendezvous and barrier waits); every incident with the rule or transition
+that decided it and what it cost; time lost per cause; the spec's diagram with the path taken;
+the stacks of hung workers and the error files.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._analysis import (
+    FailureInfo,
+    Incident,
+    JobAnalysis,
+    describe_failure,
+    fmt_seconds,
+)
+
+__all__ = ["render_html"]
+
+#: Timeline colours per segment kind (and the legend's order).
+COLOURS: dict[str, tuple[str, str]] = {
+    "running": ("#4caf50", "workers running"),
+    "stopping": ("#ff9800", "stopping workers"),
+    "restarting": ("#ff9800", "restarting workers"),
+    "rendezvous": ("#2196f3", "rendezvous"),
+    "starting": ("#00bcd4", "starting workers"),
+    "backoff": ("#ffc107", "backoff"),
+    "barrier": ("#9c27b0", "exit barrier"),
+    "stacks": ("#795548", "capturing stacks"),
+    "health": ("#607d8b", "health checks"),
+    "action": ("#9e9e9e", "other actions"),
+    "waiting": ("#cfd8dc", "other states"),
+}
+#: How many lines of each stack dump the page embeds.
+MAX_STACK_LINES = 400
+
+_CSS = """
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0;
+       color: #1d2329; background: #f6f7f9; }
+main { max-width: 1180px; margin: 0 auto; padding: 20px 28px 40px; }
+h1 { font-size: 22px; margin: 8px 0 4px; }
+h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #dde1e6; padding-bottom: 4px; }
+.meta { color: #5a6570; margin: 0 0 12px; }
+.badge { display: inline-block; padding: 2px 10px; border-radius: 12px; color: #fff;
+         font-weight: 600; font-size: 13px; vertical-align: middle; }
+.b-SUCCEEDED { background: #2e7d32; } .b-FAILED, .b-ABORTED { background: #c62828; }
+.b-INTERRUPTED, .b-RUNNING, .b-EMPTY, .b-LEFT { background: #6d4c41; }
+.cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 12px 0; }
+.card { background: #fff; border: 1px solid #dde1e6; border-radius: 8px; padding: 10px 14px;
+        min-width: 150px; }
+.card .v { font-size: 20px; font-weight: 600; } .card .k { color: #5a6570; font-size: 12px; }
+.cause { background: #fff; border: 1px solid #e0b4b4; border-left: 5px solid #c62828;
+         border-radius: 6px; padding: 10px 14px; }
+.cause.ok { border-color: #b7d7b9; border-left-color: #2e7d32; }
+.cause p { margin: 4px 0; }
+code, pre { font: 12.5px/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+pre { background: #1d2329; color: #e8eaed; padding: 10px 12px; border-radius: 6px;
+      overflow-x: auto; max-height: 420px; }
+table { border-collapse: collapse; width: 100%; background: #fff; }
+th, td { border: 1px solid #dde1e6; padding: 5px 8px; text-align: left; vertical-align: top; }
+th { background: #eef1f4; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.legend { display: flex; flex-wrap: wrap; gap: 4px 14px; margin: 6px 0; font-size: 12px; }
+.legend span::before { content: ""; display: inline-block; width: 12px; height: 12px;
+                       margin-right: 5px; vertical-align: -2px; background: var(--c);
+                       border-radius: 2px; }
+.timeline, .diagram { background: #fff; border: 1px solid #dde1e6; border-radius: 8px;
+                      padding: 8px; overflow-x: auto; }
+.diagram svg { max-width: 100%; height: auto; }
+.bar { height: 14px; background: #c62828; border-radius: 3px; }
+details { margin: 6px 0; } summary { cursor: pointer; }
+.warn { color: #8a5300; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _clock(t: float) -> str:
+    try:
+        return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S")
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+# ---------------------------------------------------------------------------------------------
+# timeline
+
+_LABEL_W = 230
+_PLOT_W = 880
+_LANE_H = 30
+_TOP = 26
+
+
+def _ticks(span: float) -> list[float]:
+    if span <= 0:
+        return [0.0]
+    raw = span / 8
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    return [i * step for i in range(int(span / step) + 1)]
+
+
+def _timeline(a: JobAnalysis) -> str:
+    span = max(a.end - a.start, 1e-6)
+    height = _TOP + _LANE_H * len(a.lanes) + 12
+    width = _LABEL_W + _PLOT_W + 10
+
+    def x(t: float) -> float:
+        return _LABEL_W + (t - a.start) / span * _PLOT_W
+
+    out = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+           f'height="{height}" viewBox="0 0 {width} {height}" font-size="11" '
+           'font-family="system-ui, sans-serif">']
+    for tick in _ticks(span):
+        tx = x(a.start + tick)
+        out.append(f'<line x1="{tx:.1f}" y1="{_TOP - 6}" x2="{tx:.1f}" y2="{height - 8}" '
+                   'stroke="#e3e6ea"/>')
+        out.append(f'<text x="{tx:.1f}" y="{_TOP - 10}" text-anchor="middle" fill="#5a6570">'
+                   f'{_e(fmt_seconds(tick).replace(" s", "s"))}</text>')
+    for row, lane in enumerate(a.lanes):
+        y = _TOP + row * _LANE_H
+        out.append(f'<g class="lane" data-node="{_e(lane.node)}" data-final="'
+                   f'{_e(lane.final_state or "")}">')
+        out.append(f'<text x="4" y="{y + 18}" fill="#1d2329">{_e(lane.label[:38])}</text>')
+        out.append(f'<rect x="{_LABEL_W}" y="{y + 4}" width="{_PLOT_W}" height="{_LANE_H - 8}" '
+                   'fill="#f1f3f5"/>')
+        for s in lane.segments:
+            x0 = x(s.start)
+            w = max(x(s.end) - x0, 0.0 if s.kind == "running" else 1.5)
+            colour = COLOURS.get(s.kind, COLOURS["action"])[0]
+            out.append(
+                f'<rect class="seg seg-{_e(s.kind)}" x="{x0:.2f}" y="{y + 4}" width="{w:.2f}" '
+                f'height="{_LANE_H - 8}" fill="{colour}"><title>{_e(s.label)}: '
+                f'{_e(fmt_seconds(s.end - s.start))} from +{_e(fmt_seconds(s.start - a.start))}'
+                '</title></rect>')
+        final = lane.final_state or "?"
+        out.append(f'<text x="{min(x(lane.end) + 3, width - 4):.1f}" y="{y + 18}" '
+                   f'fill="#5a6570" text-anchor="{"end" if x(lane.end) > width - 60 else "start"}"'
+                   f'>{_e(final if not lane.error or final == "FAILED" else "interrupted")}</text>')
+        out.append("</g>")
+    for inc in a.incidents:
+        y = _TOP + inc.lane * _LANE_H
+        ix = x(inc.start)
+        colour = "#c62828" if inc.cause not in ("membership change",) else "#1565c0"
+        tip = f"{inc.cause} at +{fmt_seconds(inc.start - a.start)}"
+        if inc.decision is not None:
+            tip += f"; {inc.decision.outcome}: {inc.decision.describe()}"
+        out.append(f'<g class="incident"><path d="M{ix:.1f},{y + 1} l5,-7 h-10 z" '
+                   f'fill="{colour}"/><line x1="{ix:.1f}" y1="{y + 2}" x2="{ix:.1f}" '
+                   f'y2="{y + _LANE_H - 3}" stroke="{colour}" stroke-width="1.5"/>'
+                   f'<title>{_e(tip)}</title></g>')
+    out.append("</svg>")
+    legend = "".join(f'<span style="--c:{c}">{_e(label)}</span>' for kind, (c, label)
+                     in COLOURS.items() if any(s.kind == kind for ln in a.lanes
+                                               for s in ln.segments))
+    legend += '<span style="--c:#c62828">failure (marker)</span>'
+    return f'<div class="legend">{legend}</div><div class="timeline">{"".join(out)}</div>'
+
+
+# ---------------------------------------------------------------------------------------------
+# sections
+
+
+def _failure_block(f: FailureInfo) -> str:
+    parts = [f"<p><b>{_e(describe_failure(f))}</b></p>"]
+    if f.timestamp is not None and not math.isnan(f.timestamp):
+        parts.append(f"<p>at {_e(_clock(f.timestamp))}</p>")
+    if f.error_file:
+        parts.append(f"<p>error file: <code>{_e(f.error_file)}</code></p>")
+    if f.message and f.exception is None and not f.message.startswith("To enable traceback"):
+        parts.append(f"<p>{_e(f.message)}</p>")
+    if f.traceback:
+        parts.append(f"<details><summary>traceback</summary><pre>{_e(f.traceback)}</pre>"
+                     "</details>")
+    return "".join(parts)
+
+
+def _root_cause(a: JobAnalysis) -> str:
+    ok = a.outcome == "SUCCEEDED"
+    body: list[str] = []
+    x = a.root_incident
+    if a.root_cause is not None:
+        body.append(f"<p>{'First failure (recovered)' if ok else 'Root cause'}: first failing "
+                    f"rank {a.root_cause.rank} on {_e(a.root_cause.node)}</p>")
+        body.append(_failure_block(a.root_cause))
+    left = [i for i in a.incidents if i.cause == "unhealthy node"]
+    if left:
+        for inc in left:
+            reason = inc.health.get("reason") if inc.health else None
+            body.append(f"<p><b>node {_e(inc.node)} failed its health check and left the job:"
+                        f"</b> {_e(reason)}</p>")
+    if x is not None and x.trigger == "hung":
+        body.append(f"<p><b>hang:</b> ranks {_e(', '.join(str(f.rank) for f in x.failures))}"
+                    f" made no progress for {_e(fmt_seconds(x.hang_idle))} before detection; "
+                    "stacks below.</p>")
+    if x is not None and x.decision is not None:
+        body.append(f"<p>decided by <code>{_e(x.decision.describe())}</code>: "
+                    f"<b>{_e(x.decision.outcome)}</b></p>")
+    if not body:
+        body.append("<p>No failure was observed.</p>")
+    return f'<div id="root-cause" class="cause{" ok" if ok else ""}">{"".join(body)}</div>'
+
+
+def _incidents(a: JobAnalysis) -> str:
+    if not a.incidents:
+        return "<p>No failures, hangs or membership changes.</p>"
+    rows = []
+    for n, inc in enumerate(a.incidents, 1):
+        ranks = "<br>".join(
+            f"{f.rank}: {_e(f.how)}" + (f"<br><small>{_e(f.exception)}</small>" if f.exception
+                                        else "") for f in inc.failures) or "-"
+        d = inc.decision
+        rows.append(
+            f'<tr class="incident-row"><td class="num">{n}</td>'
+            f'<td class="num">+{_e(fmt_seconds(inc.start - a.start))}</td>'
+            f"<td>{_e(inc.node)}</td><td>{_e(inc.cause)}</td><td>{ranks}</td>"
+            f"<td><code>{_e(d.describe() if d else '-')}</code>"
+            + (f"<br><small>{_e(d.description)}</small>" if d and d.description else "")
+            + f"</td><td>{_e(d.outcome if d else '-')}</td>"
+            f'<td class="num">{inc.restart_count} / {inc.remaining_restarts}</td>'
+            f'<td class="num">{_e(fmt_seconds(inc.lost))}</td></tr>')
+    return ('<table id="incidents"><tr><th>#</th><th>when</th><th>agent</th><th>cause</th>'
+            "<th>failed ranks</th><th>decided by (rule or transition)</th><th>outcome</th>"
+            "<th>restarts used / left</th><th>time lost</th></tr>" + "".join(rows) + "</table>")
+
+
+def _lost(a: JobAnalysis) -> str:
+    if not a.lost_by_cause:
+        return "<p>None.</p>"
+    top = max(s for _, s, _ in a.lost_by_cause) or 1.0
+    rows = "".join(
+        f'<tr class="lost-row"><td>{_e(c)}</td><td class="num">{k}</td>'
+        f'<td class="num">{_e(fmt_seconds(s))}</td><td style="width:45%"><div class="bar" '
+        f'style="width:{max(1.0, 100 * s / top):.1f}%"></div></td></tr>'
+        for c, s, k in a.lost_by_cause)
+    return ('<table id="lost"><tr><th>cause</th><th>incidents</th><th>time lost</th><th></th>'
+            f"</tr>{rows}</table>")
+
+
+def _stack_section(stacks: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for s in stacks:
+        path = str(s.get("path"))
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError as e:
+            text = f"(cannot read {path}: {e.strerror})"
+        else:
+            text = "\n".join(lines[:MAX_STACK_LINES])
+            if len(lines) > MAX_STACK_LINES:
+                text += f"\n... ({len(lines) - MAX_STACK_LINES} more lines in the file)"
+        how = "py-spy" if s.get("method") == "py-spy" else f"no Python frames: {s.get('error')}"
+        parts.append(f'<details class="stack" open><summary>rank {_e(s.get("rank"))} (pid '
+                     f'{_e(s.get("pid"))}, {_e(how)}): <code>{_e(path)}</code></summary>'
+                     f"<pre>{_e(text)}</pre></details>")
+    return "".join(parts)
+
+
+def _diagram(diagram_svg: str | None, taken: Sequence[tuple[str, int]]) -> str:
+    if diagram_svg:
+        return f'<div class="diagram" id="diagram">{diagram_svg}</div>'
+    rows = "".join(f"<tr><td><code>{_e(t)}</code></td><td class='num'>{n}</td></tr>"
+                   for t, n in taken)
+    return ('<p>(The drawing needs Graphviz: <code>pip install \'fsm-agent[diagrams]\'</code>; '
+            'the transitions taken:)</p><table id="diagram"><tr><th>transition</th>'
+            f"<th>times</th></tr>{rows}</table>")
+
+
+def _inline_svg(svg: bytes | str) -> str:
+    text = svg.decode("utf-8", "replace") if isinstance(svg, bytes) else svg
+    start = text.find("<svg")
+    return text[start:] if start >= 0 else ""
+
+
+def render_html(
+    a: JobAnalysis,
+    *,
+    diagram_svg: bytes | str | None = None,
+    taken: Sequence[tuple[str, int]] = (),
+    sources: Sequence[str] = (),
+    title: str | None = None,
+) -> str:
+    """The report page for ``a``. ``diagram_svg``: the spec's diagram with the path (inlined);
+    ``taken``: the transitions taken, shown as a table when there is no drawing."""
+    name = title or f"fsm-agent report: {a.spec_name or 'job'}"
+    budget = (f"{a.restarts_used} / {a.restart_budget}" if a.restart_budget is not None
+              else str(a.restarts_used))
+    cards = [
+        ("outcome", a.outcome),
+        ("wall time", fmt_seconds(max(0.0, a.end - a.start))),
+        ("agents", str(len(a.lanes))),
+        ("restarts used / budget", budget),
+        ("incidents", str(len(a.incidents))),
+        ("time lost", fmt_seconds(a.lost)),
+    ]
+    card_html = "".join(f'<div class="card" data-key="{_e(k)}"><div class="v">{_e(v)}</div>'
+                        f'<div class="k">{_e(k)}</div></div>' for k, v in cards)
+    hang_incidents: list[Incident] = [i for i in a.incidents if i.stacks]
+    stacks = [s for i in hang_incidents for s in i.stacks]
+    files = "".join(f"<li><code>{_e(p)}</code></li>" for p in a.error_files)
+    warn = "".join(f'<p class="warn">warning: {_e(w)}</p>' for w in a.warnings)
+    body = [
+        f"<h1>{_e(name)} <span class='badge b-{_e(a.outcome)}' id='outcome'>{_e(a.outcome)}"
+        "</span></h1>",
+        f'<p class="meta">run {_e(a.run_id or "?")} · started {_e(_clock(a.start))} · '
+        f"{_e(len(sources))} trace file(s): {_e(', '.join(os.path.basename(s) for s in sources))}"
+        "</p>",
+        warn,
+        f'<div class="cards">{card_html}</div>',
+        "<h2>Root cause</h2>", _root_cause(a),
+        "<h2>Timeline</h2>", _timeline(a),
+        "<h2>Decisions</h2>", _incidents(a),
+        "<h2>Time lost per cause</h2>", _lost(a),
+        "<h2>Spec and the path taken</h2>",
+        _diagram(_inline_svg(diagram_svg) if diagram_svg else None, taken),
+    ]
+    if stacks:
+        body += ["<h2>Stacks of hung workers</h2>", _stack_section(stacks)]
+    if files:
+        body += ["<h2>Error files</h2>", f"<ul id='error-files'>{files}</ul>"]
+    return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
+            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<title>{_e(name)}</title><style>{_CSS}</style></head><body><main>"
+            + "".join(body) + "</main></body></html>\n")

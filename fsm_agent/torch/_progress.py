@@ -1,0 +1,215 @@
+"""Hang detection without any change to the worker's script: is the main thread still running?
+
+A worker's *progress* is read from ``/proc``, never from the worker: the CPU time of its main
+thread (``/proc/PID/task/PID/schedstat``, nanoseconds; ``/proc/PID/task/PID/stat`` in clock ticks
+where the kernel has no schedstat). A Python training script does its work on its main thread
+(it runs the training loop and launches every collective), and a main thread that waits for
+something that never comes (a peer that never sends, a lock never released, a store key never
+set) is not scheduled at all: its CPU time stands still to the nanosecond. Background threads
+are ignored on purpose: gloo's socket loop, NCCL's watchdog, logging and telemetry threads wake
+up regularly in a process whose main thread is stuck, so counting them would hide every hang.
+
+A main thread that waits for a child process (``subprocess.run``, a shell wrapper started as
+the worker) is judged by that child instead: while the thread sleeps in ``wait()``, the progress
+of its children's main threads counts as its own.
+
+:class:`HangDetector` samples every worker on a fixed period and reports a hang when *every*
+worker of the group has made no progress for ``timeout`` seconds: a lone slow rank is normal
+(its peers wait for it and are idle, it is not); a group in which nobody runs is stuck. The
+report comes at most one sample period after the timeout, counted from the last sample that
+saw progress.
+
+What it cannot see: a main thread that spins while stuck (a busy-wait, NCCL's polling inside a
+hung collective) uses CPU time and counts as progress; torch's own timer API
+(``fsm_agent.torch._heartbeat``) and NCCL's timeout cover those. A main thread that legitimately
+waits longer than ``timeout`` for another thread or process (a checkpoint written by a helper
+thread, a peer node that is slower by more than the timeout) is reported hung: choose a
+``hang_timeout`` longer than the longest such wait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+import attrs
+
+__all__ = ["HangDetector", "HungWorker", "Progress", "read_progress", "sample_period_for"]
+
+# How many levels of wait()-ing parents are followed down to the process doing the work.
+_MAX_WAIT_DEPTH = 4
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return f.read(512)
+    except OSError:
+        return None
+
+
+def _main_thread_cpu(pid: int) -> int | None:
+    """The main thread's CPU time in nanoseconds (schedstat) or clock ticks (stat); None if gone."""
+    raw = _read(f"/proc/{pid}/task/{pid}/schedstat")
+    if raw:
+        return int(raw.split(None, 1)[0])
+    raw = _read(f"/proc/{pid}/task/{pid}/stat")
+    if raw is None:
+        return None
+    fields = raw.rsplit(b")", 1)[1].split()
+    # utime and stime are fields 14 and 15 of stat(5); [0] here is field 3 (state).
+    return (int(fields[11]) + int(fields[12])) * 10_000_000
+
+
+def _waiting_for_child(pid: int) -> bool:
+    raw = _read(f"/proc/{pid}/wchan")
+    return raw is not None and raw.strip() in (b"do_wait", b"kernel_wait4", b"do_waitid")
+
+
+def _children(pid: int) -> list[int]:
+    raw = _read(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in raw.split()] if raw else []
+
+
+@attrs.frozen
+class Progress:
+    """One sample of a worker: the CPU time of the thread(s) whose progress counts, or None if
+    the process is gone. ``via`` names the pids read (the worker, or the children it waits for).
+    """
+
+    cpu: int | None
+    via: tuple[int, ...]
+
+
+def read_progress(pid: int) -> Progress:
+    """Sample ``pid``: its main thread's CPU time, or that of the children it waits for."""
+    cpu = _main_thread_cpu(pid)
+    if cpu is None:
+        return Progress(None, (pid,))
+    via = [pid]
+    total = cpu
+    frontier = [pid]
+    for _ in range(_MAX_WAIT_DEPTH):
+        # Only a parent blocked in wait() hands its progress over to its children: a Python
+        # worker's data-loader processes wake up every few seconds whether or not it is stuck.
+        waiting = [p for p in frontier if _waiting_for_child(p)]
+        if not waiting:
+            break
+        frontier = [c for p in waiting for c in _children(p)]
+        for child in frontier:
+            c = _main_thread_cpu(child)
+            if c is not None:
+                total += c
+                via.append(child)
+    return Progress(total, tuple(via))
+
+
+@attrs.frozen
+class HungWorker:
+    """A worker that made no progress: its local rank, pid and for how long (seconds)."""
+
+    local_rank: int
+    pid: int
+    idle_for: float
+    exited: bool = False
+
+    def describe(self, timeout: float) -> str:
+        """One line for the failure summary."""
+        if self.exited:
+            return f"process exited while its peers made no progress for {self.idle_for:.1f} s"
+        return (
+            f"worker hung: its main thread made no progress (used no CPU time) for "
+            f"{self.idle_for:.1f} s (hang_timeout {timeout:g} s)"
+        )
+
+
+def sample_period_for(timeout: float) -> float:
+    """How often workers are sampled for a ``timeout``: a tenth of it, within [0.05 s, 5 s]."""
+    return min(5.0, max(0.05, timeout / 10.0))
+
+
+class HangDetector:
+    """Samples a worker group's progress; :meth:`poll` says when every worker has been idle for
+    ``timeout`` seconds.
+
+    >>> d = HangDetector(timeout=10.0)
+    >>> d.period
+    1.0
+
+    Call :meth:`watch` after every start of the workers (with their local rank -> pid), then
+    :meth:`poll` as often as convenient: it samples whenever a sample period has passed and
+    returns the hung workers once the whole group is idle (an empty tuple before that). Each
+    sample costs one small ``/proc`` read per worker (see ``bench/progress_sampling.py``).
+    """
+
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        period: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        reader: Callable[[int], Progress] = read_progress,
+    ) -> None:
+        if not timeout > 0:
+            raise ValueError(f"hang timeout must be > 0 seconds, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.period = sample_period_for(self.timeout) if period is None else float(period)
+        self._clock = clock
+        self._read = reader
+        self._pids: dict[int, int] = {}
+        self._last: dict[int, int | None] = {}
+        self._since: dict[int, float] = {}
+        self._gone: set[int] = set()
+        self._next = 0.0
+        self.samples = 0
+
+    @property
+    def watching(self) -> bool:
+        """Whether a group is being watched."""
+        return bool(self._pids)
+
+    def watch(self, pids: Mapping[int, int]) -> None:
+        """Watch a freshly started group (local rank -> pid); forgets the previous one."""
+        now = self._clock()
+        self._pids = dict(pids)
+        self._last = {rank: None for rank in self._pids}
+        self._since = dict.fromkeys(self._pids, now)
+        self._gone = set()
+        self._next = now
+        self.samples = 0
+
+    def clear(self) -> None:
+        """Stop watching (the workers were stopped)."""
+        self._pids = {}
+
+    def next_sample_in(self) -> float:
+        """Seconds until the next sample is due (0 if due now)."""
+        return max(0.0, self._next - self._clock())
+
+    def poll(self) -> tuple[HungWorker, ...]:
+        """Sample if a period has passed; the hung workers if the whole group is idle."""
+        if not self._pids:
+            return ()
+        now = self._clock()
+        if now < self._next:
+            return ()
+        # A fixed grid: late samples do not push the later ones back.
+        self._next += self.period * (1 + int((now - self._next) // self.period))
+        self.samples += 1
+        idle = True
+        for rank, pid in self._pids.items():
+            cpu = self._read(pid).cpu
+            if cpu is None:
+                self._gone.add(rank)
+            elif cpu != self._last[rank]:
+                if self._last[rank] is not None:
+                    self._since[rank] = now
+                self._last[rank] = cpu
+            if now - self._since[rank] < self.timeout:
+                idle = False
+        if not idle:
+            return ()
+        return tuple(
+            HungWorker(rank, pid, now - self._since[rank], exited=rank in self._gone)
+            for rank, pid in self._pids.items()
+        )

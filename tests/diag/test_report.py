@@ -1,0 +1,125 @@
+"""``fsm-agent report``: a real job's trace, rendered in headless Chromium and read through its
+DOM; ``--format text``; the analysis behind both."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from browser import dom, screenshot
+from diag_helpers import FAST, Jobs, trace_records
+
+from fsm_agent._analysis import analyse, format_text
+from fsm_agent._spec import load_spec
+from fsm_agent._trace import read_trace
+
+WORKER = Path(__file__).parents[1] / "reliability" / "scripts" / "worker.py"
+REPO = Path(__file__).parents[2]
+FSM = [sys.executable, "-m", "fsm_agent"]
+
+
+@pytest.fixture(scope="module")
+def failed_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real job: rank 1 raises ValueError (error file), is restarted, then exits 3; no
+    restarts left, the agent gives up."""
+    tmp = tmp_path_factory.mktemp("report")
+    js = Jobs(tmp, shutdown_timeout=3, default_script=WORKER)
+    try:
+        trace = tmp / "trace.jsonl"
+        job = js.start(["--standalone", "--nproc-per-node", "2", *FAST, "--max-restarts", "1",
+                        "--log-dir", str(tmp / "logs"), "--trace", str(trace)],
+                       env={"FAIL_RANK": "1", "FAIL_HOW": "raise,exit:3",
+                            "MESSAGE": "bad batch 17"})
+        assert job.wait(90) == 1, job.output
+    finally:
+        leaked = js.cleanup()
+    assert not leaked
+    return trace
+
+
+def test_the_analysis_names_the_root_cause_decisions_and_budget(failed_job: Path) -> None:
+    traces = read_trace(failed_job)
+    a = analyse(traces, load_spec("torchelastic"))
+    assert a.outcome == "FAILED" and len(a.lanes) == 1
+    assert (a.restarts_used, a.restart_budget) == (1, 1)
+    assert [i.decision.outcome for i in a.incidents if i.decision] == ["restart", "gave up"]
+    first, last = a.incidents
+    assert first.cause == "exit code 1 (ValueError)" and first.failures[0].exception == \
+        "ValueError: bad batch 17"
+    assert first.failures[0].error_file and os.path.isfile(first.failures[0].error_file)
+    assert a.root_cause is not None and a.root_cause.rank == 1 and a.root_cause.exitcode == 3
+    assert last.decision is not None and last.decision.dest == "FAILED"
+    assert ("has_restarts_left", False) in last.decision.guards
+    # time lost adds up per cause, and a lane's segments cover its time in order
+    assert sum(s for _, s, _ in a.lost_by_cause) == pytest.approx(sum(i.lost for i in
+                                                                        a.incidents))
+    segs = a.lanes[0].segments
+    assert all(s.start <= s.end for s in segs)
+    assert all(x.start <= y.start + 1e-6 for x, y in itertools.pairwise(segs))
+    kinds = {s.kind for s in segs}
+    assert {"running", "rendezvous", "starting", "stopping", "barrier"} <= kinds
+    text = format_text(a)
+    lines = text.splitlines()
+    assert lines[0].startswith("fsm-agent: job FAILED (spec 'torchelastic', 1 agent)")
+    assert lines[1].startswith("root cause: rank 1 (") and "exit code 3" in lines[1]
+    assert lines[2].startswith("decided by: failed HEALTHY -> FAILED") and "gave up" in lines[2]
+    assert "restarts: 1 of 1 used" in text and "error files:" in text
+
+
+def test_text_format_prints_the_summary(failed_job: Path) -> None:
+    proc = subprocess.run([*FSM, "report", str(failed_job), "--format", "text"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].startswith("root cause: rank 1")
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    for args in ([str(tmp_path / "missing.jsonl")], [str(bad)],
+                 [str(bad), "--format", "text", "-o", "x.html"]):
+        proc = subprocess.run([*FSM, "report", *args], capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert proc.returncode == 2, proc
+        assert proc.stderr.startswith("fsm-agent report: error: ") and \
+            proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_the_report_renders_in_chromium(failed_job: Path, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    proc = subprocess.run([*FSM, "report", str(failed_job), "-o", str(page)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    html = page.read_text()
+    # self-contained: nothing is fetched (no script, no external reference)
+    assert "<script" not in html
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", html)
+    doc = dom(page)
+    assert doc.one(id="outcome").text == "FAILED"
+    cause = doc.one(id="root-cause").text
+    assert "first failing rank 1" in cause and "exit code 3" in cause and "gave up" in cause
+    rows = doc.find_all("tr", cls="incident-row")
+    assert len(rows) == 2
+    assert "ValueError" in rows[0].text and "restart" in rows[0].text
+    assert "has_restarts_left=false" in rows[1].text and "gave up" in rows[1].text
+    timeline = doc.one("svg", id="timeline")
+    lanes = timeline.find_all("g", cls="lane")
+    assert len(lanes) == 1 and lanes[0].attrs["data-final"] == "FAILED"
+    assert lanes[0].find_all("rect", cls="seg-running")
+    assert len(timeline.find_all("g", cls="incident")) == 2
+    assert len(doc.find_all("tr", cls="lost-row")) == 2
+    diagram = doc.one(id="diagram")
+    assert diagram.find_all("svg") or diagram.tag == "table"
+    assert "bad batch 17" in doc.text  # the error file's message, via the failures
+    shot = screenshot(page, tmp_path / "report.png")
+    target = os.environ.get("FSM_AGENT_REPORT_SCREENSHOT")
+    if target:
+        shutil.copy(shot, target)
+    # the job's own records are all there
+    assert len(trace_records(failed_job)) > 5
