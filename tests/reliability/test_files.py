@@ -421,6 +421,42 @@ def test_a_failing_disk_is_one_warning_and_an_incomplete_marker(
                                 f"({os.strerror(err)})")
 
 
+def test_a_short_write_at_the_size_limit_then_the_marker_once_room_is_back(
+        tmp_path: Path) -> None:
+    """The real descriptor path: a record cut by ``RLIMIT_FSIZE`` mid-line (the process ignores
+    SIGXFSZ, as every Python process does), then, with the limit raised again before ``close()``,
+    the marker on a line of its own; the reader accepts the cut line before it."""
+    path = tmp_path / "t.jsonl"
+    script = textwrap.dedent(f"""
+        import resource
+        from fsm_agent import Step
+        from fsm_agent._trace import JsonlTraceWriter
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1500, hard))
+        writer = JsonlTraceWriter({str(path)!r}, spec="torchelastic")
+        writer(Step("start", "INIT", 1.0, 1.0, "default", dest="HEALTHY"))
+        for i in range(20):
+            writer(Step("healthy", "HEALTHY", 2.0 + i, 2.0 + i, "default", dest="HEALTHY",
+                        guards=[("nodes_waiting", False)], observed="HEALTHY"))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        writer.close()
+        print(writer.failure)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "File too large\n"
+    assert proc.stderr.count("cannot write record") == 1, proc.stderr
+    raw = path.read_bytes()
+    cut = raw[:1500].rsplit(b"\n", 1)[1]
+    assert cut and not cut.endswith(b"}")  # a record really was cut mid-line
+    (trace,) = read_trace(path)
+    assert trace.incomplete is not None and "(File too large)" in trace.incomplete
+    assert [r.trigger for r in trace.records][:2] == ["start", "healthy"]
+    assert f"record {len(trace.records) + 1} or any later one" in trace.incomplete
+
+
 def test_the_reader_accepts_the_partial_line_before_a_marker_only(tmp_path: Path) -> None:
     lines = GOOD_TRACE.read_text().splitlines(keepends=True)
     marker = json.dumps({"kind": "incomplete", "seq": 3, "error": "File too large"}) + "\n"
