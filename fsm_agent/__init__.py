@@ -2,6 +2,11 @@
 
 A spec (YAML, see ``specs/``) declares states, triggers, guards and actions; ``Lifecycle`` runs
 it on a ``transitions`` machine whose actions go through a ``Driver``.
+
+Public modules: ``fsm_agent`` (specs, the engine, the driver interface), ``fsm_agent.trace``
+(write, read and replay traces), ``fsm_agent.diagram`` (render a spec), ``fsm_agent.testing``
+(recording driver, conformance kit), ``fsm_agent.torch`` (the torch agent, the mixin and
+``launch``; imports torch). The ``fsm-agent`` command is ``fsm_agent.cli``.
 """
 
 from __future__ import annotations

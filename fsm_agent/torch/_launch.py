@@ -1,7 +1,8 @@
 """``launch``: torch's ``launch_agent`` with an ``FSMElasticAgent`` in place of torch's agent.
 
 The ``fsm-agent run`` command line (``fsm_agent/cli/run.py``) parses torchrun's arguments and
-calls :func:`launch`; programs can call it directly with a torch ``LaunchConfig``.
+calls :func:`launch`; programs call it directly with a torch ``LaunchConfig`` (public as
+``fsm_agent.torch.launch``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,13 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from fsm_agent import Listener, Spec
+    from fsm_agent.torch._agent import FSMElasticAgent
 
 __all__ = ["launch"]
 
@@ -18,16 +25,23 @@ logger = logging.getLogger("fsm_agent.torch")
 
 
 def launch(
-    config: Any,
+    config: LaunchConfig,
     entrypoint: Callable[..., Any] | str | None,
     args: Sequence[Any],
     *,
-    lifecycle_spec: Any = "torchelastic",
+    lifecycle_spec: Spec | str | os.PathLike[str] = "torchelastic",
     exit_barrier_timeout: float = 300.0,
-    listeners: Sequence[Callable[..., Any]] = (),
-    on_agent: Callable[[Any], None] | None = None,
+    listeners: Sequence[Listener] = (),
+    on_agent: Callable[[FSMElasticAgent], None] | None = None,
 ) -> dict[int, Any]:
     """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
+
+    ``config``, ``entrypoint`` and ``args`` are what torch's ``elastic_launch`` takes: a
+    ``LaunchConfig``, then a script or executable path (``args``: its arguments) or a function
+    (``args``: its positional arguments), the return values keyed by global rank.
+    ``lifecycle_spec``: a preset name, a spec file or a loaded ``Spec``. ``listeners`` receive
+    every transition (for example a trace writer, ``fsm_agent.trace.open_trace``). ``on_agent`` is
+    called with the agent once it is built, before it runs.
 
     Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
