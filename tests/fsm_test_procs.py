@@ -247,17 +247,24 @@ class Jobs:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(job.proc.pid, signal.SIGKILL)
                 job.proc.wait()
-        deadline = time.monotonic() + 5.0
-        while True:
-            # Workers may still be on their way out just after their agent ended.
-            left = pids_with_token(self.token) | descendants(os.getpid())
-            if not left or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return left
+        return kill_leftovers(self.token)
+
+
+def kill_leftovers(token: str, keep: set[int | None] | frozenset[int] = frozenset(),
+                   grace: float = 5.0) -> set[int]:
+    """Processes with ``token`` or below this one (but ``keep``), still alive after ``grace``
+    seconds: killed, and returned (a leak)."""
+    deadline = time.monotonic() + grace
+    while True:
+        # Workers may still be on their way out just after their agent ended.
+        left = (pids_with_token(token) | descendants(os.getpid())) - keep
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left  # type: ignore[return-value]
 
 
 def jobs_fixture(js: Jobs) -> Iterator[Jobs]:

@@ -6,7 +6,8 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import (
@@ -96,8 +97,14 @@ class LifecycleAgentMixin:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
             raise ValueError(f"exit_barrier_timeout must be >= 0 seconds, got {timeout!r}")
         self._lifecycle_listeners: tuple[Listener, ...] = tuple(listeners)
+        # The agent owns its driver and lifecycle; they refer back to it weakly, so a finished
+        # agent is freed by reference counting alone. A cycle would keep the rendezvous
+        # handler's TCPStores (and their threads) alive until a garbage collection, which may
+        # then run in a forked child, where ~TCPStore aborts or hangs.
         self._fsm_driver = TorchDriver(
-            self, isolate_worker_store=isolate_worker_store, on_started=self._on_workers_started
+            weakref.proxy(self),  # type: ignore[arg-type]
+            isolate_worker_store=isolate_worker_store,
+            on_started=_weak_method(self._on_workers_started),
         )
         self._lifecycle: Lifecycle | None = None
 
@@ -123,7 +130,7 @@ class LifecycleAgentMixin:
             exit_barrier_timeout=self._exit_barrier_timeout,
             fatal_exceptions=FATAL_EXCEPTIONS,
             # Ours first: the group state is in step before any other listener looks at it.
-            listeners=(self._follow_step, *self._lifecycle_listeners),
+            listeners=(_weak_method(self._follow_step), *self._lifecycle_listeners),
         )
         self._fsm_driver.bind(lifecycle)
         self._fsm_restarts_seen = 0
@@ -265,12 +272,57 @@ class LifecycleAgentMixin:
         try:
             with cheap_rendezvous_events():  # torch's events without inspect.stack()
                 return super().run(role)  # type: ignore[misc, no-any-return]
+        except BaseException as e:
+            _clear_library_frames(e)
+            raise
         finally:
             self._fsm_driver.close()
+            self._fsm_driver.bind(None)  # the lifecycle (kept for inspection) refers to the driver
             waker = self._fsm_exit_waker
             if waker is not None:
                 waker.close()
                 self._fsm_exit_waker = None
+
+
+_LIBRARY_MODULES = ("transitions.", "fsm_agent.")
+
+
+def _clear_library_frames(error: BaseException) -> None:
+    """Free the locals of the ``transitions`` and ``fsm_agent`` frames an exception passed through.
+
+    ``transitions`` keeps the exception in ``EventData.error``, and that ``EventData`` is a local
+    of frames in the exception's own traceback (transitions' and the engine's action wrappers):
+    a cycle that keeps every frame of the traceback, and so the agent and its rendezvous stores,
+    alive until a garbage collection. The locals of these library frames are internals; the
+    traceback itself (files, lines, names) is unchanged, and the frames of torch and of the
+    user's code keep theirs.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            frame = tb.tb_frame
+            if str(frame.f_globals.get("__name__", "")).startswith(_LIBRARY_MODULES):
+                with contextlib.suppress(RuntimeError):  # a frame still running stays as it is
+                    frame.clear()
+            tb = tb.tb_next
+        todo += [exc.__cause__, exc.__context__]
+
+
+def _weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` without a strong reference to its object (a no-op once the object is gone)."""
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+
+    def call(*args: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args)
+
+    return call
 
 
 # hang watchdog and process-group reaping (fsm_agent.torch._heartbeat, _reaper)

@@ -78,8 +78,9 @@ class TorchDriver:
         """The agent's (single) worker group."""
         return self.agent._worker_group
 
-    def bind(self, counters: _Counters) -> None:
-        """Read restart counters from ``counters`` (the lifecycle) from now on."""
+    def bind(self, counters: _Counters | None) -> None:
+        """Read restart counters from ``counters`` (the lifecycle) from now on; ``None`` unbinds
+        (the lifecycle refers to its driver: unbinding breaks that cycle once a run is over)."""
         self._counters = counters
 
     def sync_counters(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -252,7 +253,7 @@ def test_waker_error_in_watch_falls_back_to_the_tick(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "error",
-    [OSError(9, "Bad file descriptor"), SignalException("Process got signal: 15", 15)],  # type: ignore[arg-type]
+    [OSError(9, "Bad file descriptor"), SignalException("Process got signal: 15", signal.SIGTERM)],
     ids=["os-error", "signal"],
 )
 def test_waker_error_in_wait_falls_back_to_the_tick(
