@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._clock import Clock, SystemClock, VirtualClock
 from ._driver import Driver
-from ._engine import ActionRecord, Lifecycle, Listener, Step
+from ._engine import Lifecycle
 from ._errors import (
     ActionError,
     LifecycleError,
@@ -22,6 +23,7 @@ from ._errors import (
     SpecError,
     WorkerGroupFailureException,
 )
+from ._params import ParamSpec
 from ._spec import (
     MetricSpec,
     Spec,
@@ -31,7 +33,8 @@ from ._spec import (
     parse_spec,
     preset_names,
 )
-from ._vocabulary import Context, Vocabulary
+from ._step import ActionRecord, Listener, Step
+from ._vocabulary import Context, Kind, Vocabulary
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
@@ -41,19 +44,24 @@ __version__ = "0.1.0"
 __all__ = [
     "ActionError",
     "ActionRecord",
+    "Clock",
     "Context",
     "Driver",
+    "Kind",
     "Lifecycle",
     "LifecycleError",
     "Listener",
     "MetricSpec",
+    "ParamSpec",
     "Problem",
     "RunResult",
     "Spec",
     "SpecError",
     "StateSpec",
     "Step",
+    "SystemClock",
     "TransitionSpec",
+    "VirtualClock",
     "Vocabulary",
     "WorkerGroupFailureException",
     "WorkerState",

@@ -36,8 +36,8 @@ import attrs
 from ._files import FileRefused, open_regular, printable
 
 if TYPE_CHECKING:
-    from ._engine import Step
     from ._spec import Spec
+    from ._step import Step
 
 __all__ = [
     "TRACE_FORMAT",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._engine import _torch_types
@@ -17,21 +17,35 @@ class ScriptExhausted(AssertionError):
     """``monitor()`` was called after the last scripted result."""
 
 
-def make_result(state: Any, *, tick: int = 0, ranks: Sequence[int] = (0,)) -> Any:
+def make_result(
+    state: Any,
+    *,
+    tick: int = 0,
+    ranks: Sequence[int] = (0,),
+    exitcode: int | Mapping[int, int] = 1,
+    error: str | Mapping[int, str] | None = None,
+) -> Any:
     """Torch's ``RunResult`` for ``state`` (a ``WorkerState`` or its name).
 
-    FAILED and UNHEALTHY results carry a ``ProcessFailure`` per rank in ``ranks`` (exit code 1);
-    SUCCEEDED results carry a return value per rank.
+    FAILED and UNHEALTHY results carry a ``ProcessFailure`` per rank in ``ranks``, with
+    ``exitcode`` (one for all ranks, or per rank; negative: killed by that signal) and, if given,
+    the ``error`` message its error file would hold (``"ValueError: bad input"``). SUCCEEDED
+    results carry a return value per rank.
     """
     api = _torch_types()
     ws = api.WorkerState[state] if isinstance(state, str) else state
     if ws.name in ("FAILED", "UNHEALTHY"):
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-        failures = {
-            r: ProcessFailure(local_rank=r, pid=1000 + tick, exitcode=1, error_file="")
-            for r in ranks
-        }
+        failures = {}
+        for r in ranks:
+            code = exitcode[r] if isinstance(exitcode, Mapping) else exitcode
+            f = ProcessFailure(local_rank=r, pid=1000 + tick, exitcode=code, error_file="")
+            message = error.get(r) if isinstance(error, Mapping) else error
+            if message is not None:
+                # What torch reads from a worker's error file (ErrorHandler.record_exception).
+                f.message = {"message": message, "extraInfo": {"timestamp": str(f.timestamp)}}
+            failures[r] = f
         return api.RunResult(state=ws, failures=failures)
     if ws.name == "SUCCEEDED":
         return api.RunResult(state=ws, return_values={r: None for r in ranks})

@@ -203,7 +203,9 @@ def uncounted_unhealthy_spec(tmp_dir: Path) -> Path:
               "    description: Restart an unhealthy group")
     assert needle in text, "torchrun.yaml changed shape; update this mutant"
     out = tmp_dir / "uncounted_unhealthy.yaml"
-    out.write_text(text.replace(needle, needle.replace("consume_restart, ", "")))
+    # The check rejects an unbounded restart cycle unless the spec says it means one.
+    out.write_text(text.replace(needle, needle.replace("consume_restart, ", ""))
+                   + "\nrestart_forever: true\n")
     load_spec(out)
     return out
 

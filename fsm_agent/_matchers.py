@@ -1,0 +1,189 @@
+"""The built-in parameterised guards and actions: failure matchers, budgets, combinators.
+
+Failure matchers read the observed ``RunResult.failures`` (global rank -> torch's
+``ProcessFailure``: ``exitcode``, negative for a signal, and the error file's ``message``), so a
+spec can decide on *why* a group failed. Each factory takes its arguments already resolved (the
+values of parameters in force) and returns a plain ``guard(ctx) -> bool``; a bad argument raises
+``ValueError``, which the spec check reports at the argument's line.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ._vocabulary import Context, Guard, Kind
+
+__all__ = ["ACTION_KINDS", "GUARD_KINDS", "error_type", "exit_code", "signal_name"]
+
+_RANKS = ("all", "any")
+_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?::|$)")
+
+
+def exit_code(failure: Any) -> int | None:
+    """A failure's exit code (negative: killed by that signal), None if it has none."""
+    code = getattr(failure, "exitcode", None)
+    return code if isinstance(code, int) else None
+
+
+def signal_name(failure: Any) -> str | None:
+    """``SIGKILL`` for a failure killed by signal 9, None if no signal killed it."""
+    code = exit_code(failure)
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"SIG{-code}"
+
+
+def error_type(failure: Any) -> str | None:
+    """The exception type recorded in the worker's error file (``"ValueError: ..."``)."""
+    message = getattr(failure, "message", None)
+    if isinstance(message, dict):
+        message = message.get("message")
+    if not isinstance(message, str):
+        return None
+    m = _TYPE.match(message)
+    return m.group(1) if m else None
+
+
+def _failures(ctx: Context) -> list[Any]:
+    failures = getattr(ctx.observed, "failures", None)
+    return list(failures.values()) if failures else []
+
+
+def _matcher(values: Iterable[Any], ranks: str, key: Callable[[Any], Any]) -> Guard:
+    wanted = frozenset(values)
+    pick = all if ranks == "all" else any
+
+    def guard(ctx: Context) -> bool:
+        failures = _failures(ctx)
+        return bool(failures) and pick(key(f) in wanted for f in failures)
+
+    return guard
+
+
+def _exit_code_in(codes: Sequence[int], ranks: str = "all") -> Guard:
+    return _matcher(codes, ranks, exit_code)
+
+
+def _exit_code_not_in(codes: Sequence[int], ranks: str = "all") -> Guard:
+    listed = frozenset(codes)
+
+    def guard(ctx: Context) -> bool:
+        failures = _failures(ctx)
+        pick = all if ranks == "all" else any
+        return bool(failures) and pick(exit_code(f) not in listed for f in failures)
+
+    return guard
+
+
+def _signal_in(signals: Sequence[str], ranks: str = "all") -> Guard:
+    names = []
+    for s in signals:
+        name = s.upper() if s.upper().startswith("SIG") else "SIG" + s.upper()
+        if name not in signal.Signals.__members__:
+            raise ValueError(f"unknown signal {s!r}")
+        names.append(name)
+    return _matcher(names, ranks, signal_name)
+
+
+def _error_type_in(types: Sequence[str], ranks: str = "all") -> Guard:
+    short = frozenset(t.rsplit(".", 1)[-1] for t in types)
+
+    def key(f: Any) -> str | None:
+        name = error_type(f)
+        return None if name is None else name.rsplit(".", 1)[-1]
+
+    return _matcher(short, ranks, key)
+
+
+def _failed_ranks_at_least(count: int) -> Guard:
+    return lambda ctx: len(_failures(ctx)) >= count
+
+
+def _attempt_shorter_than(duration: float) -> Guard:
+    def guard(ctx: Context) -> bool:
+        started = ctx.attempt_started
+        return started is not None and ctx.clock.now() - started < duration
+
+    return guard
+
+
+def _restarts_in_window_at_least(count: int, window: float) -> Guard:
+    def guard(ctx: Context) -> bool:
+        horizon = ctx.clock.now() - window
+        return sum(1 for t in ctx.restart_times if t > horizon) >= count
+
+    return guard
+
+
+def _consecutive_failures_at_least(count: int, min_uptime: float) -> Guard:
+    def guard(ctx: Context) -> bool:
+        recent = ctx.failed_attempts[-count:] if count > 0 else []
+        return len(recent) >= count and all(d < min_uptime for d in recent)
+
+    return guard
+
+
+def _all_of(guards: Sequence[str]) -> Guard:
+    return lambda ctx: all(ctx.check(g) for g in guards)
+
+
+def _any_of(guards: Sequence[str]) -> Guard:
+    return lambda ctx: any(ctx.check(g) for g in guards)
+
+
+def _not(guard: str) -> Guard:
+    return lambda ctx: not ctx.check(guard)
+
+
+def _set_exit_code(code: int) -> Callable[[Context], None]:
+    if not 0 < code < 256:
+        raise ValueError(f"an exit code is between 1 and 255, got {code}")
+
+    def action(ctx: Context) -> None:
+        ctx.exit_code = code
+
+    return action
+
+
+_RANKS_ARG = {"ranks": _RANKS}
+
+GUARD_KINDS: dict[str, Kind] = {
+    "exit_code_in": Kind(_exit_code_in, {"codes": "int_list", "ranks": "str"}, "codes",
+                         {"ranks": "all"}, _RANKS_ARG,
+                         description="every (any) failed rank exited with one of the codes"),
+    "exit_code_not_in": Kind(_exit_code_not_in, {"codes": "int_list", "ranks": "str"}, "codes",
+                             {"ranks": "all"}, _RANKS_ARG,
+                             description="every (any) failed rank exited with a code not listed"),
+    "signal_in": Kind(_signal_in, {"signals": "str_list", "ranks": "str"}, "signals",
+                      {"ranks": "all"}, _RANKS_ARG,
+                      description="every (any) failed rank was killed by one of the signals"),
+    "error_type_in": Kind(_error_type_in, {"types": "str_list", "ranks": "str"}, "types",
+                          {"ranks": "all"}, _RANKS_ARG,
+                          description="the exception type in the error file is listed"),
+    "failed_ranks_at_least": Kind(_failed_ranks_at_least, {"count": "int"}, "count",
+                                  description="at least this many ranks failed"),
+    "attempt_shorter_than": Kind(_attempt_shorter_than, {"duration": "duration"}, "duration",
+                                 description="the attempt ended sooner than this (start-up crash)"),
+    "restarts_in_window_at_least": Kind(
+        _restarts_in_window_at_least, {"count": "int", "window": "duration"},
+        description="at least `count` failure restarts in the last `window` (MaxR in MaxT)"),
+    "consecutive_failures_at_least": Kind(
+        _consecutive_failures_at_least, {"count": "int", "min_uptime": "duration"},
+        description="the last `count` attempts each failed within `min_uptime` of starting"),
+    "all_of": Kind(_all_of, {"guards": "guard_list"}, "guards",
+                   description="every listed guard holds"),
+    "any_of": Kind(_any_of, {"guards": "guard_list"}, "guards",
+                   description="at least one listed guard holds"),
+    "not": Kind(_not, {"guard": "guard"}, "guard", description="the guard does not hold"),
+}
+
+ACTION_KINDS: dict[str, Kind] = {
+    "set_exit_code": Kind(_set_exit_code, {"code": "int"}, "code",
+                          description="the exit code the job ends with if it fails"),
+}

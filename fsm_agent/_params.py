@@ -1,0 +1,242 @@
+"""Spec parameters: typed values with defaults and bounds, and the value syntax they share.
+
+One syntax everywhere a value is written: in a spec (``default: 10m``), on the command line
+(``--spec-param backoff_max=90s``) and in ``Lifecycle(..., params={...})``. Durations are seconds
+(``1.5``) or a number with a unit (``500ms``, ``5s``, ``10m``, ``2h``), ``inf`` meaning never;
+lists of integers are YAML lists, or ``[3,4]``/``3,4`` on the command line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "BUILTIN_VALUES",
+    "PARAM_TYPES",
+    "BadValue",
+    "ParamSpec",
+    "Ref",
+    "bind_params",
+    "coerce",
+    "format_value",
+    "kind_of",
+    "parse_duration",
+    "parse_text",
+]
+
+#: The type names a parameter (or a guard's argument) may have.
+PARAM_TYPES: tuple[str, ...] = ("int", "float", "duration", "int_list", "str_list", "str", "bool")
+#: Values every spec may refer to by name: the agent's own settings, not spec parameters.
+BUILTIN_VALUES: Mapping[str, str] = {"max_restarts": "int", "exit_barrier_timeout": "duration"}
+
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|min|h)?\s*$")
+
+
+class BadValue(ValueError):
+    """A value does not have the type (or range) it must have; ``str()`` says why."""
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``1.5``, ``"500ms"``, ``"5s"``, ``"10m"``, ``"2h"`` or ``"inf"``."""
+    if isinstance(value, bool):
+        raise BadValue(f"expected a duration, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("inf", "infinity", "never"):
+            return math.inf
+        m = _DURATION.match(text)
+        if m is None:
+            raise BadValue(
+                f"expected a duration (seconds, or a number with ms, s, m or h), got {value!r}"
+            )
+        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    else:
+        raise BadValue(f"expected a duration, got {kind_of(value)}")
+    if math.isnan(seconds) or seconds < 0:
+        raise BadValue(f"a duration cannot be negative, got {value!r}")
+    return seconds
+
+
+def coerce(type_name: str, value: Any) -> Any:
+    """``value`` (YAML data or a Python value) as a value of ``type_name``; raises BadValue."""
+    if type_name == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadValue(f"expected an integer, got {kind_of(value)}")
+        return value
+    if type_name == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise BadValue(f"expected a number, got {kind_of(value)}")
+        return float(value)
+    if type_name == "duration":
+        return parse_duration(value)
+    if type_name == "int_list":
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise BadValue(f"expected a list of integers, got {kind_of(value)}")
+        out = []
+        for item in value:
+            if isinstance(item, bool) or not isinstance(item, int):
+                raise BadValue(f"expected a list of integers, but it holds {kind_of(item)}")
+            out.append(item)
+        return tuple(out)
+    if type_name == "str_list":
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise BadValue(f"expected a list of names, got {kind_of(value)}")
+        if not all(isinstance(item, str) and item.strip() for item in value):
+            raise BadValue("expected a list of names, but it holds something else")
+        return tuple(item.strip() for item in value)
+    if type_name == "str":
+        if not isinstance(value, str):
+            raise BadValue(f"expected a string, got {kind_of(value)}")
+        return value
+    if type_name == "bool":
+        if not isinstance(value, bool):
+            raise BadValue(f"expected true or false, got {kind_of(value)}")
+        return value
+    raise BadValue(f"unknown type {type_name!r} (types: {', '.join(PARAM_TYPES)})")
+
+
+def parse_text(type_name: str, text: str) -> Any:
+    """A value of ``type_name`` from command-line text (``90s``, ``[3,4]``, ``3,4``, ``true``)."""
+    raw: Any = text.strip()
+    if type_name == "int":
+        try:
+            raw = int(raw, 10)
+        except ValueError:
+            raise BadValue(f"expected an integer, got {text!r}") from None
+    elif type_name == "float":
+        try:
+            raw = float(raw)
+        except ValueError:
+            raise BadValue(f"expected a number, got {text!r}") from None
+    elif type_name in ("int_list", "str_list"):
+        body = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
+        items = [p.strip() for p in body.split(",")] if body.strip() else []
+        if type_name == "str_list":
+            return coerce(type_name, items)
+        try:
+            raw = [int(p, 10) for p in items]
+        except ValueError:
+            raise BadValue(
+                f"expected a list of integers such as [3,4] or 3,4, got {text!r}"
+            ) from None
+    elif type_name == "bool":
+        low = raw.lower()
+        if low not in ("true", "false", "1", "0", "yes", "no"):
+            raise BadValue(f"expected true or false, got {text!r}")
+        raw = low in ("true", "1", "yes")
+    return coerce(type_name, raw)
+
+
+def format_value(value: Any) -> str:
+    """A value as the spec syntax writes it (``inf``, ``[3, 4]``, ``90s``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+@attrs.frozen
+class ParamSpec:
+    """A declared spec parameter: its type, default and bounds."""
+
+    name: str
+    type: str
+    default: Any
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] = ()
+    description: str = ""
+    line: int | None = None
+
+    def check(self, value: Any) -> Any:
+        """``value`` coerced to this parameter's type and checked against its bounds."""
+        value = coerce(self.type, value)
+        items = value if self.type.endswith("_list") else (value,)
+        for item in items:
+            if isinstance(item, (int, float)) and not isinstance(item, bool):
+                if self.min is not None and item < self.min:
+                    raise BadValue(f"{format_value(item)} is below the minimum "
+                                      f"{format_value(self.min)}")
+                if self.max is not None and item > self.max:
+                    raise BadValue(f"{format_value(item)} is above the maximum "
+                                      f"{format_value(self.max)}")
+        for item in items:
+            if self.choices and item not in self.choices:
+                raise BadValue(f"{item!r} is not one of {', '.join(self.choices)}")
+        return value
+
+
+def kind_of(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"boolean {value}"
+    if isinstance(value, (int, float)):
+        return f"number {value}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+@attrs.frozen
+class Ref:
+    """A value as a spec writes it: a literal, or the name of a parameter or built-in value."""
+
+    value: Any = None
+    name: str | None = None
+
+    def resolve(self, values: Mapping[str, Any]) -> Any:
+        """The literal, or the named value in ``values``."""
+        return values[self.name] if self.name is not None else self.value
+
+    def __str__(self) -> str:
+        return self.name if self.name is not None else format_value(self.value)
+
+
+def bind_params(
+    params: Sequence[ParamSpec], overrides: Mapping[str, Any] | None, *, path: str = "<string>"
+) -> dict[str, Any]:
+    """Every parameter's value in force: its default, or the override (checked).
+
+    Raises ``SpecError`` naming the parameter (and the spec's line declaring it) for an unknown
+    name or a value of the wrong type or out of range. Overrides given as text (from the command
+    line) are parsed with the spec syntax (``90s``, ``[3,4]``).
+    """
+    from ._errors import Problem, SpecError
+
+    declared = {p.name: p for p in params}
+    values = {p.name: p.default for p in params}
+    problems = []
+    for name, raw in (overrides or {}).items():
+        spec = declared.get(name)
+        if spec is None:
+            known = ", ".join(sorted(declared)) or "none"
+            problems.append(Problem(path, None, f"params.{name}",
+                                    f"unknown parameter {name!r} (this spec's: {known})"))
+            continue
+        try:
+            values[name] = spec.check(parse_text(spec.type, raw) if isinstance(raw, str)
+                                      and spec.type != "str" else raw)
+        except BadValue as e:
+            problems.append(Problem(path, spec.line, f"params.{name}",
+                                    f"bad value {raw!r}: {e}"))
+    if problems:
+        raise SpecError(problems)
+    return values
