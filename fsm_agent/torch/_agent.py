@@ -7,7 +7,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import (
@@ -21,6 +21,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
+from fsm_agent._params import bind_params
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._fastpath import cheap_rendezvous_events, fast_rendezvous
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
@@ -60,6 +61,8 @@ class LifecycleAgentMixin:
     - ``listeners``: callables receiving a ``fsm_agent.Step`` per transition (a trace writer).
     - ``isolate_worker_store``: give every rendezvous round's workers a fresh store (default
       True; the restart fix, see ``docs/runner.md``).
+    - ``lifecycle_params``: values for the spec's ``params`` (checked at construction: an
+      unknown name or a bad value is a ``SpecError``).
 
     The monitor and restart paths are separate methods so that they can be changed alone:
     :meth:`_lifecycle_loop` (start, then the monitor loop), :meth:`_monitor_wait` (what happens
@@ -81,11 +84,15 @@ class LifecycleAgentMixin:
         lifecycle_spec: str | os.PathLike[str] | Spec = "torchelastic",
         listeners: Iterable[Listener] = (),
         isolate_worker_store: bool = True,
+        lifecycle_params: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        # Load (and check) the spec before the agent allocates anything: a bad spec is a clear
-        # SpecError at construction, not a failure after the first rendezvous.
+        # Load (and check) the spec and its parameters before the agent allocates anything: a
+        # bad spec or value is a clear SpecError at construction, not after the first rendezvous.
         self._lifecycle_spec: Spec = load_spec(lifecycle_spec)
+        spec = self._lifecycle_spec
+        self._lifecycle_params = bind_params(spec.params, lifecycle_params, path=spec.path)
+        self._fsm_reported = {s.name: s.reported for s in spec.states}
         super().__init__(*args, **kwargs)
         if not isinstance(self, SimpleElasticAgent):
             raise TypeError(
@@ -129,6 +136,7 @@ class LifecycleAgentMixin:
             max_restarts=spec.max_restarts,
             exit_barrier_timeout=self._exit_barrier_timeout,
             fatal_exceptions=FATAL_EXCEPTIONS,
+            params=self._lifecycle_params,
             # Ours first: the group state is in step before any other listener looks at it.
             listeners=(_weak_method(self._follow_step), *self._lifecycle_listeners),
         )
@@ -138,28 +146,24 @@ class LifecycleAgentMixin:
 
     def _follow_step(self, step: Step) -> None:
         # torch's loop sets worker_group.state at the same points the machine changes state
-        # (observed state, STOPPED during a restart, HEALTHY after a start, FAILED on giving up).
+        # (observed state, STOPPED during a restart, HEALTHY after a start, FAILED on giving up);
+        # a spec's own states show the WorkerState they report (BACKOFF: STOPPED).
         if step.dest is not None:
-            self._worker_group.state = WorkerState[step.dest]
+            self._worker_group.state = WorkerState[self._fsm_reported[step.dest]]
         counted = step.restart_count > self._fsm_restarts_seen
         self._fsm_restarts_seen = step.restart_count
         self._remaining_restarts = step.remaining_restarts
-        if step.dest == "STOPPED" and step.error is None:
-            role = self._worker_group.spec.role
-            if counted:
-                logger.warning(
-                    "[%s] worker group %s; restart %d of %d (stop, rendezvous, start)",
-                    role,
-                    step.observed,
-                    step.restart_count,
-                    self._worker_group.spec.max_restarts,
-                )
-            else:
-                logger.warning(
-                    "[%s] nodes waiting to join; restarting the worker group "
-                    "(membership change, not counted against max_restarts)",
-                    role,
-                )
+        if step.error is not None or step.dest is None:
+            return
+        role = self._worker_group.spec.role
+        if counted:
+            wait = f"; restarting in {step.timer:.3g} s" if step.timer is not None else ""
+            rule = f" (rule {step.rule!r})" if step.rule else ""
+            logger.warning("[%s] worker group %s; restart %d of %d%s%s", role, step.observed,
+                           step.restart_count, self._worker_group.spec.max_restarts, rule, wait)
+        elif step.trigger == "healthy" and self._fsm_reported[step.dest] == "STOPPED":
+            logger.warning("[%s] nodes waiting to join; restarting the worker group "
+                           "(membership change, not counted against max_restarts)", role)
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         spec = self._worker_group.spec
@@ -192,27 +196,25 @@ class LifecycleAgentMixin:
     # -- the monitor and restart path ---------------------------------------------------------
 
     def _lifecycle_loop(self, lifecycle: Lifecycle) -> RunResult:
-        """Start the group, then monitor it until the lifecycle is done (torch's while loop).
+        """Start the group, then run the lifecycle until it is done (torch's while loop).
 
-        Restarts happen inside ``lifecycle.observe``: the spec's transitions call the driver's
-        ``stop_workers``, ``rendezvous`` and ``start_workers``.
+        Restarts happen inside the lifecycle: the spec's transitions call the driver's
+        ``stop_workers``, ``rendezvous`` and ``start_workers``; timers (a backoff) wait in
+        :meth:`_monitor_wait` too, so signals and worker exits end them at once.
         """
         lifecycle.start()
-        interval = self._worker_group.spec.monitor_interval
-        monitor = self._fsm_driver.monitor
-        while not lifecycle.done:
-            self._monitor_wait(interval)
-            lifecycle.observe(monitor())
-        result = lifecycle.result
+        result = lifecycle.run(self._worker_group.spec.monitor_interval,
+                               sleep=self._monitor_wait)
         if result is None:  # pragma: no cover - the engine sets it on every final state
             raise RuntimeError(f"[{lifecycle.context.role}] lifecycle ended without a result")
         return result
 
-    def _monitor_wait(self, interval: float) -> None:
+    def _monitor_wait(self, interval: float) -> str | None:
         """Wait between two looks at the workers: ``monitor_interval``, or less if one exits.
 
         The tick still comes every ``interval`` (health and membership checks); a worker's exit
-        ends the wait at once (``fsm_agent.torch._wakeup``).
+        ends the wait at once (``fsm_agent.torch._wakeup``). Returning the name of one of the
+        spec's own triggers fires it (a subclass delivering an external event).
         """
         try:
             self._fsm_waker().wait(interval)
@@ -221,6 +223,7 @@ class LifecycleAgentMixin:
         except Exception as e:
             self._fsm_waker_fallback("wait", e)
             time.sleep(interval)
+        return None
 
     def _on_workers_started(self) -> None:
         """Called after every start of the workers (first start and each restart)."""
