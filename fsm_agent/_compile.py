@@ -120,6 +120,7 @@ class Compiled:
     always_states: frozenset[str]
     observed: frozenset[str]  # states that watch the workers on every monitor tick
     finals: frozenset[str]
+    initial: str
     reported: Mapping[str, str]
     timers: Mapping[str, Timer]
     # (state, trigger) -> (guards, unless) of an action-less transition that stays in the state,
@@ -187,6 +188,7 @@ def compile_spec(spec: Spec, values: Mapping[str, Any] | None = None) -> Compile
         always_states=frozenset(src for trig, src, _, _ in spec.edges() if trig == ALWAYS_TRIGGER),
         observed=frozenset(observed),
         finals=spec.finals,
+        initial=spec.initial,
         reported={s.name: s.reported for s in spec.states},
         timers={s.name: make_timer(s.name, s.timeout, values) for s in spec.states
                 if s.timeout is not None},

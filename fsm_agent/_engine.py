@@ -43,6 +43,9 @@ log = logging.getLogger("fsm_agent")
 
 _DRIVER_METHODS = ("rendezvous", "start_workers", "stop_workers", "monitor",
                    "num_nodes_waiting", "exit_barrier", "put_metric")
+# Shared defaults: seeding a Random per lifecycle would cost more than the rest of building one.
+_CLOCK = SystemClock()
+_RNG = random.Random()
 #: What a wait function passed to ``Lifecycle.run`` returns: None, or a trigger to fire.
 Wait = Callable[[float], object]
 
@@ -108,10 +111,10 @@ class Lifecycle:
         self._compiled = compile_spec(self.spec, values)
         self._ctx = Context(
             driver=driver, role=role, max_restarts=max_restarts, remaining_restarts=max_restarts,
-            exit_barrier_timeout=float(exit_barrier_timeout), state=self.spec.initial,
+            exit_barrier_timeout=float(exit_barrier_timeout), state=self._compiled.initial,
             fatal_exceptions=tuple(fatal_exceptions), params=bound,
-            clock=clock if clock is not None else SystemClock(),
-            rng=rng if rng is not None else random.Random(),
+            clock=clock if clock is not None else _CLOCK,
+            rng=rng if rng is not None else _RNG,
             window=float(self.spec.budget.window.resolve(values)),
             guard_fns=self._compiled.guards,
         )

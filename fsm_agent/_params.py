@@ -219,6 +219,8 @@ def bind_params(
     name or a value of the wrong type or out of range. Overrides given as text (from the command
     line) are parsed with the spec syntax (``90s``, ``[3,4]``).
     """
+    if not overrides:
+        return {p.name: p.default for p in params}
     from ._errors import Problem, SpecError
 
     declared = {p.name: p for p in params}
