@@ -19,10 +19,11 @@ from fsm_agent import Lifecycle
 from fsm_agent.testing._conformance import DIVERGENCES, run_script
 from fsm_agent.testing._strategies import RunConfig, Tick
 
-from ._support import DIFFERENTIAL, differential, draw_script, ours_from_torch
+from ._support import DIFFERENTIAL, LONG, differential, draw_script, ours_from_torch
 from .seed_agent import SeedAgent
 
-pytestmark = pytest.mark.timeout(600)
+# --long runs 100,000 scripts per preset: minutes on a quiet machine, far more on a shared one.
+pytestmark = pytest.mark.timeout(4 * 3600 if LONG else 600)
 
 
 @DIFFERENTIAL

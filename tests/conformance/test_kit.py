@@ -27,6 +27,8 @@ from .seed_agent import SeedAgent
 
 pytestmark = pytest.mark.timeout(300)
 
+SPECS = Path(__file__).resolve().parents[2] / "specs"
+
 # torch's agent and the seed also meet the reference table on every differential script.
 
 
@@ -48,6 +50,9 @@ REJECT = settings(default_settings(1_000), database=None)
     ("target", "spec"),
     [
         (SimpleElasticAgent, "torchrun"),  # torch's own agent, abstract hooks and all
+        # Against a spec file the engine is the reference, with the divergences the other way.
+        (SimpleElasticAgent, SPECS / "torchrun.yaml"),
+        (SeedAgent, SPECS / "torchelastic.yaml"),
         (Lifecycle, "torchrun"),
         (Lifecycle, "torchelastic"),
         (SeedAgent, "torchelastic"),
@@ -56,10 +61,11 @@ REJECT = settings(default_settings(1_000), database=None)
         (MixinTorchelastic, "torchelastic"),  # fsm_agent.torch's LifecycleAgentMixin
         (MixinTorchrun, "torchrun"),
     ],
-    ids=["torch-torchrun", "lifecycle-torchrun", "lifecycle-torchelastic", "seed-torchelastic",
+    ids=["torch-torchrun", "torch-torchrun-file", "seed-torchelastic-file",
+         "lifecycle-torchrun", "lifecycle-torchelastic", "seed-torchelastic",
          "torchloop-copy", "factory", "mixin-torchelastic", "mixin-torchrun"],
 )
-def test_kit_accepts_conforming_supervisors(target: object, spec: str) -> None:
+def test_kit_accepts_conforming_supervisors(target: object, spec: object) -> None:
     run_conformance(target, spec=spec, settings=ACCEPT)
 
 
