@@ -287,6 +287,15 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
 
     if not trace.records:
         return result(Divergence(trace.header_line, 0, "the trace has no steps"))
+    cont = trace.header.get("continues")
+    if isinstance(cont, Mapping):
+        # A rotated trace file: the lifecycle began in an earlier file and stood here.
+        state = str(cont["state"])
+        remaining, restarts = int(cont["remaining_restarts"]), int(cont["restart_count"])
+        if state not in {st.name for st in spec.states}:
+            return result(Divergence(trace.header_line, 0, f"the trace continues from state "
+                                     f"{state!r}, which spec {spec.name!r} does not have"))
+        finished = state in spec.finals
     for n, rec in enumerate(trace.records, start=1):
         where = f"step {n} (line {rec.line})"
         if finished:
@@ -301,23 +310,29 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
             add_extra(rec, "interrupted")
             finished = True
             continue
-        if n == 1 and rec.trigger != START_TRIGGER:
+        if n == 1 and rec.trigger != START_TRIGGER and cont is None:
             return result(Divergence(rec.line, n, f"{where}: a lifecycle begins with "
                                      f"{START_TRIGGER!r} from {spec.initial}, but the trace begins "
                                      f"with {rec.trigger!r} from {rec.source}"))
-        if n > 1 and rec.trigger == START_TRIGGER:
+        if (n > 1 or cont is not None) and rec.trigger == START_TRIGGER:
             return result(Divergence(rec.line, n, f"{where}: 'start' fired a second time"))
         if state in always_states and rec.trigger != ALWAYS_TRIGGER:
             return result(Divergence(rec.line, n, f"{where}: {state} is left at once by its "
                                      f"'always' transitions, but the trace fires {rec.trigger!r}"))
         chosen, problem = _check_step(spec, rec, n, state=state, remaining=remaining,
                                       restarts=restarts)
+        if problem is None and rec.count > 1 and (rec.dest != rec.source or rec.actions
+                                                  or rec.error is not None):
+            problem = (f"{where}: a folded record (count {rec.count}) stands for steps that "
+                       "change nothing, but this one moves to another state, runs actions or "
+                       "ends the lifecycle")
         checked = n
         if problem is not None:
             add_extra(rec, "diverges from the spec")
             return result(Divergence(rec.line, n, problem))
         if chosen is not None and chosen.dest == rec.dest:
-            counts[(chosen.index, rec.source)] += 1
+            # A folded record stands for `count` identical steps (one check covers them all).
+            counts[(chosen.index, rec.source)] += rec.count
         else:
             raised = next((a for a in rec.actions if a.get("outcome") == "raised"), None)
             add_extra(rec, f"{raised['name']} raised" if raised else "not in the spec")
@@ -334,8 +349,10 @@ def summary(res: ReplayResult, steps: int | None = None) -> str:
     that were checked), for ``fsm-agent replay``."""
     n = res.checked if steps is None else steps
     path = [res.trace.records[0].source] if res.trace.records else []
-    path += [r.dest or "?" for r in res.trace.records[:n]]
-    lines = [f"{n} step(s): {' -> '.join(path)}"]
+    path += [(r.dest or "?") + (f" (x{r.count})" if r.count > 1 else "")
+             for r in res.trace.records[:n]]
+    total = sum(r.count for r in res.trace.records[:n])
+    lines = [f"{total} step(s): {' -> '.join(path)}"]
     last = res.trace.records[n - 1] if n else None
     if last is not None:
         lines.append(f"restarts used: {last.data['restart_count']}, left: "

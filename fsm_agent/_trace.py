@@ -16,6 +16,20 @@ one starts a new lifecycle. The header has ``"preset": true`` when the spec is a
 A writer that cannot write a record (a full disk, a file size limit) stops and, if the file still
 takes it, appends ``{"kind": "incomplete", "seq": N, "error": ...}``: records from ``seq`` N on
 are missing. A partial line the failed write left just before it is not an error for the reader.
+
+**Folding.** Consecutive steps that change nothing (a transition back to the same state with no
+action, no error, and the same guards, counters and fields as the step before) are one record:
+``count`` says how many steps it stands for, ``wall_time``/``monotonic_time`` are the first's and
+``last_wall_time``/``last_monotonic_time`` the last's. The writer appends such a record once, with
+the three fields padded to a fixed width, and updates them in place (one ``pwrite`` of a few
+dozen bytes per step) for as long as the steps repeat: a healthy job writes a few records a day,
+not ten a second, and a crash still finds the count and time of the last tick in the file.
+
+**Rotation.** With ``max_bytes``, a record that would take the file past that size first moves
+it to ``PATH.1`` (``PATH.1`` to ``PATH.2``, ..., keeping ``backups`` of them) and starts a new
+file whose header has ``"continues": {"seq", "state", "remaining_restarts", "restart_count"}``:
+where the lifecycle stood, so that the new file can be replayed on its own. The newest records
+are always in ``PATH``; with ``backups=0`` the file is only ever capped, never lost.
 """
 
 from __future__ import annotations
@@ -48,6 +62,7 @@ __all__ = [
     "TraceRecord",
     "TraceWriter",
     "open_trace",
+    "parse_size",
     "read_trace",
     "step_record",
 ]
@@ -69,7 +84,13 @@ _STEP_FIELDS: dict[str, type | tuple[type, ...]] = {
 # Header fields the writer owns; static fields may not shadow them or the step fields.
 _RESERVED = frozenset({"kind", "format", "version", "spec", "spec_path", "preset", "seq",
                        "wall_time",
-                       "monotonic_time", "observed", "failures", "error", "role", *_STEP_FIELDS})
+                       "monotonic_time", "observed", "failures", "error", "role", *_STEP_FIELDS,
+                       "count", "last_wall_time", "last_monotonic_time", "continues"})
+# The in-place part of a folded record: fixed widths, so an update rewrites the same bytes.
+_FOLD_TAIL = '"count": {:<12}, "last_wall_time": {:<24}, "last_monotonic_time": {:<24}}}\n'
+_FOLD_TAIL_LEN = len(_FOLD_TAIL.format(0, 0, 0))
+# Record fields that differ between steps that change nothing.
+_TIME_FIELDS = ("seq", "wall_time", "monotonic_time")
 
 
 class TraceError(ValueError):
@@ -164,20 +185,36 @@ class JsonlTraceWriter:
         *,
         spec: Spec | str | None = None,
         dynamic: Callable[[], Mapping[str, Any]] | None = None,
+        max_bytes: int | None = None,
+        backups: int = 1,
         **static: Any,
     ) -> None:
         clash = sorted(set(static) & (_RESERVED - {"role"}))
         if clash:
             raise ValueError(f"static trace fields may not be named {', '.join(clash)}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 4096):
+            raise ValueError(f"max_bytes must be at least 4096, got {max_bytes!r}")
+        if isinstance(backups, bool) or not isinstance(backups, int) or backups < 0:
+            raise ValueError(f"backups must be an integer >= 0, got {backups!r}")
         self._static = {k: _jsonable(v) for k, v in static.items()}
         self._dynamic = dynamic
+        self.max_bytes = max_bytes
+        self.backups = backups
         self._fd: int | None = None
+        self._pfd: int | None = None
         self._file: IO[str] | None = None
+        # The open fold: the record's fields without its times, the times and count so far, and
+        # where its tail is in the file (None for a stream: written when the fold closes).
+        self._fold_sig: dict[str, Any] | None = None
+        self._fold_record: dict[str, Any] | None = None
+        self._fold_count = 0
+        self._fold_at: int | None = None
+        self._size = 0
+        # Where the lifecycle stands after the last record (for a rotated file's header).
+        self._where: dict[str, Any] | None = None
         if isinstance(target, (str, os.PathLike)):
             self.path: str = os.fspath(target)
-            # Raw appends, one write call per line: no buffer that keeps a failed line and
-            # raises again on close, and no line split across writes.
-            self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+            self._open()
         else:
             self.path = getattr(target, "name", "<stream>")
             self._file = target
@@ -198,24 +235,41 @@ class JsonlTraceWriter:
                 if _is_preset(spec):
                     header["preset"] = True
         header.update(self._static)
+        self._header = header
         try:
+            if self._fd is not None:
+                self._size = os.fstat(self._fd).st_size
             self._emit(_dumps(header))
         except OSError:
             self.close()
             raise
 
-    def _emit(self, line: str) -> None:
-        """Append ``line`` (ending in a newline); raises ``OSError``."""
+    def _open(self) -> None:
+        # Raw appends, one write call per line: no buffer that keeps a failed line and raises
+        # again on close, and no line split across writes. A second descriptor without O_APPEND
+        # rewrites a folded record in place (Linux ignores pwrite's offset under O_APPEND).
+        self._fd = open_regular(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            self._pfd = os.open(self.path, os.O_WRONLY)
+        except OSError:
+            os.close(self._fd)
+            self._fd = None
+            raise
+
+    def _emit(self, line: str) -> int | None:
+        """Append ``line`` (ending in a newline); returns the file offset where it starts (None
+        for a stream). Raises ``OSError``."""
         if self._file is not None:
             try:
                 self._file.write(line)
                 self._file.flush()
             except ValueError as e:  # a closed stream
                 raise OSError(errno.EBADF, str(e)) from None
-            return
+            return None
         if self._fd is None:
             raise OSError(errno.EBADF, "the trace file is closed")
-        data = memoryview(line.encode("utf-8"))
+        encoded = line.encode("utf-8")
+        data = memoryview(encoded)
         while data:
             # A short write (a size limit reached mid-line) leaves a partial line; the marker
             # that may follow starts on a line of its own, and the reader knows the two.
@@ -226,14 +280,79 @@ class JsonlTraceWriter:
         if os.fstat(self._fd).st_nlink == 0:
             raise OSError(errno.ENOENT, "the file was deleted while being written (was its "
                           "directory removed?)")
+        # With O_APPEND the offset is the end of this write, whoever else appends to the file.
+        end = os.lseek(self._fd, 0, os.SEEK_CUR)
+        self._size = end
+        return end - len(encoded)
 
-    def _write(self, record: Mapping[str, Any], seq: int) -> None:
+    def _write(self, record: Mapping[str, Any], seq: int, *, fold: bool = False) -> None:
         if self.failure is not None:
             return
         try:
-            self._emit(_dumps(record))
+            line = _dumps(record)
+            if fold:
+                line = line[:-2] + ", " + _fold_tail(1, record["wall_time"],
+                                                     record["monotonic_time"])
+            self._rotate_for(len(line.encode("utf-8")))
+            start = self._emit(line)
+            if fold:
+                self._fold_at = None if start is None else start + len(line.encode(
+                    "utf-8")) - _FOLD_TAIL_LEN
         except OSError as e:
             self._fail(seq, e.strerror or str(e), deleted=e.errno == errno.ENOENT)
+
+    def _rotate_for(self, size: int) -> None:
+        """Move a full file aside (``PATH.1``, ...) before a record that would overfill it."""
+        if self.max_bytes is None or self._fd is None or self._size + size <= self.max_bytes:
+            return
+        os.close(self._fd)
+        self._fd = None
+        if self._pfd is not None:
+            os.close(self._pfd)
+            self._pfd = None
+        if self.backups == 0:
+            os.unlink(self.path)
+        else:
+            for i in range(self.backups - 1, 0, -1):
+                older = f"{self.path}.{i}"
+                if os.path.exists(older):
+                    os.replace(older, f"{self.path}.{i + 1}")
+            os.replace(self.path, f"{self.path}.1")
+        self._open()
+        self._size = 0
+        header = dict(self._header)
+        if self._where is not None:
+            header["continues"] = dict(self._where, seq=self._seq)
+        self._emit(_dumps(header))
+
+    def _update_fold(self, wall: float, mono: float) -> None:
+        """Count one more step into the open fold: rewrite its tail in place."""
+        self._fold_count += 1
+        if self._fold_at is None or self._fd is None:
+            return
+        tail = _fold_tail(self._fold_count, wall, mono).encode("ascii")
+        fd = self._pfd
+        try:
+            if fd is None:
+                raise OSError(errno.EBADF, "the trace file is closed")
+            os.pwrite(fd, tail, self._fold_at)
+            if os.fstat(fd).st_nlink == 0:
+                raise OSError(errno.ENOENT, "the file was deleted while being written (was its "
+                              "directory removed?)")
+        except OSError as e:
+            self._fail(self._seq, e.strerror or str(e), deleted=e.errno == errno.ENOENT)
+
+    def _close_fold(self) -> None:
+        """End the open fold; a stream gets its record now (a file has it already)."""
+        record, count = self._fold_record, self._fold_count
+        self._fold_sig = self._fold_record = None
+        if record is None or self._file is None or self.failure is not None:
+            return
+        try:
+            self._emit(_dumps(record)[:-2] + ", " + _fold_tail(
+                count, record["last_wall_time"], record["last_monotonic_time"]))
+        except OSError as e:
+            self._fail(int(record["seq"]), e.strerror or str(e), deleted=False)
 
     def _fail(self, seq: int, why: str, *, deleted: bool) -> None:
         self.failure = why
@@ -267,7 +386,34 @@ class JsonlTraceWriter:
             extra = {k: _jsonable(v) for k, v in self._dynamic().items()
                      if k not in _RESERVED or k == "role"}
             record.update(extra)
-        self._write(record, self._seq)
+        self._add(record)
+        # Where the lifecycle stands now: a rotated file's header says so.
+        self._where = {"state": record["dest"] or record["source"],
+                       "remaining_restarts": record["remaining_restarts"],
+                       "restart_count": record["restart_count"]}
+
+    def _add(self, record: dict[str, Any]) -> None:
+        foldable = (record["source"] == record["dest"] and not record["actions"]
+                    and record["error"] is None and not record.get("diagnostics"))
+        if not foldable:
+            if self._fold_record is not None:
+                self._close_fold()
+            self._write(record, self._seq)
+            return
+        sig = {k: v for k, v in record.items() if k not in _TIME_FIELDS}
+        if sig == self._fold_sig and self._fold_record is not None:
+            self._fold_record["last_wall_time"] = record["wall_time"]
+            self._fold_record["last_monotonic_time"] = record["monotonic_time"]
+            self._update_fold(record["wall_time"], record["monotonic_time"])
+            return
+        if self._fold_record is not None:
+            self._close_fold()
+        self._fold_sig = sig
+        self._fold_record = dict(record, last_wall_time=record["wall_time"],
+                                 last_monotonic_time=record["monotonic_time"])
+        self._fold_count = 1
+        if self._file is None:
+            self._write(record, self._seq, fold=True)
 
     def close(self) -> None:
         """Close the file if this writer opened it (after a last try to mark a failed trace
@@ -283,6 +429,33 @@ class JsonlTraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+               "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``4096``, ``512KB``, ``10MB``, ``1.5GiB`` (``ValueError`` otherwise)."""
+    raw = text.strip().lower()
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
+    unit = raw[len(number):].strip()
+    if unit not in _SIZE_UNITS or not number:
+        raise ValueError(f"expected a size in bytes, or with KB, MB, GB (or KiB, MiB, GiB), got "
+                         f"{text!r}")
+    try:
+        value = float(number) * _SIZE_UNITS[unit]
+    except ValueError:
+        raise ValueError(f"expected a size in bytes, or with KB, MB, GB, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected a size in bytes, got {text!r}")
+    return int(value)
+
+
+def _fold_tail(count: int, wall: float, mono: float) -> str:
+    """The fixed-width end of a folded record: its count and last times, then ``}`` and the
+    newline."""
+    return _FOLD_TAIL.format(count, repr(float(wall))[:24], repr(float(mono))[:24])
 
 
 def _dumps(record: Mapping[str, Any]) -> str:
@@ -355,6 +528,11 @@ class TraceRecord:
     def error(self) -> str | None:
         err = self.data.get("error")
         return None if err is None else str(err)
+
+    @property
+    def count(self) -> int:
+        """How many identical steps this record stands for (1 unless folded)."""
+        return int(self.data.get("count", 1))
 
 
 @attrs.frozen
@@ -497,6 +675,24 @@ def _check_step(shown: str, n: int, data: Mapping[str, Any]) -> None:
                              "digits, underscores)")
     if not isinstance(data.get("error", ""), (str, type(None))):
         raise TraceError(shown, n, "field 'error' must be a string or null")
+    if "count" in data:
+        count = data["count"]
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise TraceError(shown, n, "field 'count' must be an integer >= 1")
+        for field in ("last_wall_time", "last_monotonic_time"):
+            if not isinstance(data.get(field), (int, float)) or isinstance(data[field], bool):
+                raise TraceError(shown, n, f"a folded record needs a number {field!r}")
+
+
+def _check_continues(shown: str, n: int, data: Mapping[str, Any]) -> None:
+    cont = data.get("continues")
+    if cont is None:
+        return
+    if not (isinstance(cont, dict) and _is_name(cont.get("state"))
+            and all(isinstance(cont.get(k), int) and not isinstance(cont.get(k), bool)
+                    for k in ("remaining_restarts", "restart_count"))):
+        raise TraceError(shown, n, "header field 'continues' must be {\"state\": NAME, "
+                         "\"remaining_restarts\": int, \"restart_count\": int, ...}")
 
 
 def read_trace(path: str | os.PathLike[str]) -> list[Trace]:
@@ -553,6 +749,7 @@ def read_trace(path: str | os.PathLike[str]) -> list[Trace]:
                 raise pending
             if kind == "header":
                 _check_header(shown, n, data)
+                _check_continues(shown, n, data)
                 close_segment()
                 header, header_line, records, incomplete = dict(data), n, [], None
                 continue

@@ -181,4 +181,10 @@ def check_args(args: argparse.Namespace) -> None:
     _rdzv_conf(args.rdzv_conf)
     _log_dir(args.log_dir)
     _trace_file(getattr(args, "trace", None))
+    if getattr(args, "trace_backups", 1) < 0:
+        raise ArgError(f"--trace-backups must be >= 0, got {args.trace_backups}")
+    if getattr(args, "trace", None) is None and (
+            getattr(args, "trace_max_size", None) is not None
+            or getattr(args, "trace_backups", 1) != 1):
+        raise ArgError("--trace-max-size and --trace-backups go with --trace FILE")
     _script(args)

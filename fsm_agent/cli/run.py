@@ -82,10 +82,41 @@ def build_parser() -> argparse.ArgumentParser:
         dest="trace",
         default=None,
         metavar="FILE",
-        help="Write every lifecycle transition to FILE (JSON lines; see fsm-agent replay).",
+        help="Write every lifecycle transition to FILE (JSON lines; see fsm-agent replay and "
+        "fsm-agent report). Monitor ticks that change nothing are folded into one record.",
+    )
+    group.add_argument(
+        "--trace-max-size",
+        dest="trace_max_size",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="Rotate the trace before it grows past SIZE (bytes, or with KB, MB, GB: 10MB): FILE "
+        "moves to FILE.1 and a new FILE continues it. The newest records are always in FILE.",
+    )
+    group.add_argument(
+        "--trace-backups",
+        dest="trace_backups",
+        type=int,
+        default=1,
+        metavar="N",
+        help="With --trace-max-size: rotated files kept (FILE.1 ... FILE.N; default 1). 0 caps "
+        "FILE at SIZE: it starts again when full.",
     )
     finish_parser(parser, EXAMPLES)
     return parser
+
+
+def _size(text: str) -> int:
+    from .._trace import parse_size
+
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if size < 4096:
+        raise argparse.ArgumentTypeError(f"must be at least 4096 bytes (a few records), got {text}")
+    return size
 
 
 def _prepare(args: argparse.Namespace) -> None:
@@ -127,12 +158,13 @@ class _AgentRef:
 
 
 def _trace_listener(
-    path: str, spec: Any, run_id: str | None, ref: _AgentRef
+    path: str, spec: Any, run_id: str | None, ref: _AgentRef, args: argparse.Namespace
 ) -> TraceWriter:
     """A trace writer for ``--trace FILE``: the engine calls it after every transition."""
     try:
         return TraceWriter(path, spec=spec, dynamic=ref.fields, node=socket.gethostname(),
-                           pid=os.getpid(), run_id=run_id)
+                           pid=os.getpid(), run_id=run_id, max_bytes=args.trace_max_size,
+                           backups=args.trace_backups)
     except OSError as e:
         raise UsageError(f"--trace {path}: {e.strerror or e}") from e
 
@@ -181,7 +213,7 @@ def main(argv: Sequence[str]) -> int:
         ref = _AgentRef()
         listeners = []
         if args.trace:
-            writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref)
+            writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref, args)
             listeners.append(writer)
             closers.append(writer.close)
 
