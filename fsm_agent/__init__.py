@@ -23,16 +23,9 @@ from ._errors import (
     SpecError,
     WorkerGroupFailureException,
 )
+from ._load import load_spec, parse_spec, preset_names
 from ._params import ParamSpec
-from ._spec import (
-    MetricSpec,
-    Spec,
-    StateSpec,
-    TransitionSpec,
-    load_spec,
-    parse_spec,
-    preset_names,
-)
+from ._spec import MetricSpec, Spec, StateSpec, TransitionSpec
 from ._step import ActionRecord, Listener, Step
 from ._vocabulary import Context, Kind, Vocabulary
 

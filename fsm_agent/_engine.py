@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ._clock import Clock, SystemClock
 from ._compile import compile_spec, guard_value
 from ._errors import LifecycleError
+from ._load import load_spec
 from ._params import bind_params
 from ._spec import (
     ALWAYS_TRIGGER,
@@ -27,7 +28,6 @@ from ._spec import (
     START_TRIGGER,
     TIMEOUT_TRIGGER,
     Spec,
-    load_spec,
 )
 from ._step import ActionRecord, Listener, Step
 from ._vocabulary import Context

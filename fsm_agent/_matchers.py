@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._vocabulary import Context, Guard, Kind
+from ._context import Context, Guard, Kind
 
 __all__ = ["ACTION_KINDS", "GUARD_KINDS", "error_type", "exit_code", "signal_name"]
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from ._files import printable
+from ._load import load_spec, preset_names
 from ._spec import (
     ALWAYS_TRIGGER,
     ERROR_STATE,
@@ -23,8 +24,6 @@ from ._spec import (
     OBSERVATION_TRIGGERS,
     START_TRIGGER,
     Spec,
-    load_spec,
-    preset_names,
 )
 from ._spec import TransitionSpec as Transition
 from ._trace import Trace, TraceRecord

@@ -469,7 +469,7 @@ def _dumps(record: Mapping[str, Any]) -> str:
 def _is_preset(spec: Spec) -> bool:
     """Whether ``spec`` is this installation's built-in spec of its name (the header says so,
     and ``fsm-agent replay`` then uses the preset without opening any file the trace names)."""
-    from ._spec import load_spec, preset_names
+    from ._load import load_spec, preset_names
 
     if spec.name not in preset_names():
         return False

@@ -11,138 +11,18 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 import attrs
 
-from ._clock import Clock, SystemClock
+from ._context import MAX_ATTEMPTS_KEPT, Action, ActionDef, Context, Guard, Kind, frozen_mapping
 from ._errors import WorkerGroupFailureException
-
-if TYPE_CHECKING:
-    from ._driver import Driver
-    from ._step import Step
+from ._matchers import ACTION_KINDS, GUARD_KINDS
 
 __all__ = ["Action", "ActionDef", "Context", "Guard", "Kind", "Vocabulary"]
 
 log = logging.getLogger("fsm_agent")
-
-#: Failed attempts and restart times remembered (for the consecutive-failure and window guards).
-MAX_ATTEMPTS_KEPT = 1000
-
-
-@attrs.define(slots=True, eq=False)
-class Context:
-    """The model the machine drives: what guards read and actions change.
-
-    ``state`` is the machine's current state name (the spec's name; ``Lifecycle.state`` maps it
-    to the ``WorkerState`` it reports); ``observed`` is the last monitor result (torch's
-    ``RunResult``), ``None`` before the first tick. Times are on ``clock``'s scale.
-    """
-
-    driver: Driver
-    role: str = "default"
-    max_restarts: int = 3
-    remaining_restarts: int = 3
-    restart_count: int = 0
-    exit_barrier_timeout: float = 300.0
-    observed: Any = None
-    state: str = "INIT"
-    fatal_exceptions: tuple[type[BaseException], ...] = ()
-    #: The spec's parameters in force (defaults merged with what the program set).
-    params: Mapping[str, Any] = attrs.field(factory=dict, repr=False)
-    clock: Clock = attrs.field(factory=SystemClock, repr=False)
-    rng: random.Random = attrs.field(factory=random.Random, repr=False)
-    #: The budget's sliding window in seconds (inf: the whole job, as torch counts).
-    window: float = math.inf
-    #: When each failure restart was consumed (for windows), most recent last.
-    restart_times: list[float] = attrs.field(factory=list, repr=False)
-    #: When the workers were last started; None before the first start.
-    attempt_started: float | None = None
-    #: How long each attempt that ended in a failure had run, most recent last.
-    failed_attempts: list[float] = attrs.field(factory=list, repr=False)
-    #: Entries into each backoff state since its last reset.
-    backoff: dict[str, int] = attrs.field(factory=dict, repr=False)
-    #: When the current state's timer fires (clock time), None if it has none.
-    deadline: float | None = None
-    #: The exit code the job should end with if it fails (``set_exit_code``); None: the default.
-    exit_code: int | None = None
-    #: The lifecycle's guards by name, bound to its parameters (combinators evaluate through it).
-    guard_fns: Mapping[str, Guard] = attrs.field(factory=dict, repr=False)
-    # Guard values of the current step: a guard is evaluated at most once per step, because some
-    # guards ask the driver (num_nodes_waiting) and torch asks once per tick.
-    memo: dict[str, bool] = attrs.field(factory=dict, repr=False)
-    # The step being recorded for listeners; None when nobody listens, so untraced runs pay nothing.
-    step: Step | None = attrs.field(default=None, repr=False)
-
-    def check(self, name: str) -> bool:
-        """The value of guard ``name`` in this step (evaluated once, then remembered)."""
-        memo = self.memo
-        if name in memo:
-            return memo[name]
-        value = memo[name] = bool(self.guard_fns[name](self))
-        return value
-
-    def refresh_budget(self) -> None:
-        """Recount ``remaining_restarts`` for a sliding window (a no-op for the whole job)."""
-        if self.window == math.inf:
-            return
-        horizon = self.clock.now() - self.window
-        inside = sum(1 for t in self.restart_times if t > horizon)
-        self.remaining_restarts = max(0, self.max_restarts - inside)
-
-    def note_failure(self) -> None:
-        """Remember how long the attempt that just failed had run."""
-        if self.attempt_started is not None:
-            self.failed_attempts.append(self.clock.now() - self.attempt_started)
-            del self.failed_attempts[:-MAX_ATTEMPTS_KEPT]
-
-
-Guard = Callable[[Context], bool]
-Action = Callable[[Context], None]
-
-
-def _frozen(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
-    return MappingProxyType(dict(mapping))
-
-
-@attrs.frozen
-class ActionDef:
-    """An action and whether it is *terminal*: its exception is the spec's outcome, not a fault."""
-
-    fn: Action
-    terminal: bool = False
-
-
-@attrs.frozen
-class Kind:
-    """A parameterised guard or action: typed arguments, and a factory that builds it from them.
-
-    ``args`` maps each argument to its type (a parameter type such as ``duration`` or
-    ``int_list``, or ``guard``/``guard_list`` for combinators); ``positional`` is the argument
-    a bare value fills (``{exit_code_in: [3]}``); ``factory(**args)`` returns the guard or
-    action, and may raise ``ValueError`` for a value it cannot use (the spec check reports it).
-    """
-
-    factory: Callable[..., Callable[[Context], Any]]
-    args: Mapping[str, str] = attrs.field(converter=_frozen)
-    positional: str | None = None
-    defaults: Mapping[str, Any] = attrs.field(factory=dict, converter=_frozen)
-    choices: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, converter=_frozen)
-    terminal: bool = False
-    description: str = ""
-
-    def instantiate(self, args: Mapping[str, Any], values: Mapping[str, Any]) -> Callable[..., Any]:
-        """The guard or action for ``args`` (values, or ``Ref``s resolved against ``values``)."""
-        resolved = dict(self.defaults)
-        for name, arg in args.items():
-            resolve = getattr(arg, "resolve", None)
-            resolved[name] = resolve(values) if resolve is not None else arg
-        return self.factory(**resolved)
-
 
 # -- built-in guards and actions ------------------------------------------------------------
 
@@ -254,10 +134,10 @@ class Vocabulary:
     True
     """
 
-    guards: Mapping[str, Guard] = attrs.field(converter=_frozen)
-    actions: Mapping[str, ActionDef] = attrs.field(converter=_frozen)
-    guard_kinds: Mapping[str, Kind] = attrs.field(factory=dict, converter=_frozen)
-    action_kinds: Mapping[str, Kind] = attrs.field(factory=dict, converter=_frozen)
+    guards: Mapping[str, Guard] = attrs.field(converter=frozen_mapping)
+    actions: Mapping[str, ActionDef] = attrs.field(converter=frozen_mapping)
+    guard_kinds: Mapping[str, Kind] = attrs.field(factory=dict, converter=frozen_mapping)
+    action_kinds: Mapping[str, Kind] = attrs.field(factory=dict, converter=frozen_mapping)
 
     @classmethod
     def builtin(cls) -> Vocabulary:
@@ -312,12 +192,8 @@ def _check_new(
         raise TypeError(f"{kind} {name!r} must be callable, got {type(fn).__name__}")
 
 
-_BUILTIN: list[Vocabulary] = []
+_BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS, GUARD_KINDS, ACTION_KINDS)
 
 
 def _builtin() -> Vocabulary:
-    if not _BUILTIN:
-        from ._matchers import ACTION_KINDS, GUARD_KINDS
-
-        _BUILTIN.append(Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS, GUARD_KINDS, ACTION_KINDS))
-    return _BUILTIN[0]
+    return _BUILTIN

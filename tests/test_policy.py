@@ -286,6 +286,6 @@ def test_bounds_of_a_crash_loop() -> None:
 
 
 def open_preset(name: str) -> str:
-    from fsm_agent._spec import _resolve
+    from fsm_agent._load import resolve_spec_path as _resolve
 
     return _resolve(name).read_text()

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._errors import SpecError
-from .._spec import Spec, load_spec, preset_names
+from .._load import load_spec, preset_names
+from .._spec import Spec
 
 if TYPE_CHECKING:
     from .._trace import Trace

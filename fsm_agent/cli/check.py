@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .._errors import SpecError
-from .._spec import preset_names
+from .._load import preset_names
 from ._common import (
     FAILED,
     OK,

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._spec import preset_names
+from .._load import preset_names
 from ._common import (
     DEFAULT_SPEC,
     FAILED,
