@@ -1,8 +1,9 @@
 """``fsm-agent conformance MODULE:ATTR``: run the conformance kit from the command line.
 
-Exit status: 0 when the target conforms, 1 on a counterexample (printed as a table), 2 on a
-usage error (bad target, unknown spec, bad flag). No torch import here; the kit imports torch
-only for a target that needs it.
+Exit status: 0 when the target conforms, 1 on a counterexample (printed as a table) and on
+nothing else, 2 on a usage error (bad target, unknown spec, bad flag) and on a target the kit
+cannot script (a hook, type or constructor argument it cannot find or supply: one line naming
+it). No torch import here; the kit imports torch only for a target that needs it.
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ _DESCRIPTION = """\
 Check a supervisor against a lifecycle spec with generated monitor scripts (all seven worker
 states, nodes waiting, exit barrier ok/error/timeout, hooks raising, max_restarts 0..5).
 
-TARGET is MODULE:ATTR, where ATTR names either a SimpleElasticAgent subclass (the kit subclasses
-it with scripted hooks and runs its own _invoke_run; an abstract subclass that only overrides
-_invoke_run is fine) or a callable factory(driver, **settings) returning an object with
-run(monitor_interval, sleep=...), as fsm_agent.Lifecycle has.
+TARGET is MODULE:ATTR, where ATTR names either a class with the SimpleElasticAgent shape, from
+torch or any other package (torchelastic, a vendored copy): the kit subclasses it with scripted
+hooks and runs its own _invoke_run; an abstract subclass that only overrides _invoke_run is fine.
+Or a callable factory(driver, **settings) returning an object with run(monitor_interval,
+sleep=...), as fsm_agent.Lifecycle has.
 
-Exit 0 when the target conforms, 1 on a counterexample (printed as a table, with the command
-that reproduces it), 2 on bad input."""
+Exit status: 0 conforms; 1 a counterexample (and nothing else); 2 a usage error, or a target the
+kit cannot script (one line naming what it cannot find or supply)."""
 
 
 EXAMPLES = (
@@ -97,6 +99,7 @@ def _conformance(argv: list[str]) -> int:
 
     from ..testing._conformance import (
         ConformanceFailure,
+        HarnessError,
         default_settings,
         resolve_target,
         run_conformance,
@@ -111,7 +114,7 @@ def _conformance(argv: list[str]) -> int:
     spec = loaded if spec_loading_kwargs(args) else args.spec
     try:
         resolve_target(target, spec)
-    except TypeError as e:
+    except TypeError as e:  # HarnessError included
         raise UsageError(str(e)) from None
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     how = f"{args.examples} scripts, seed {seed}"
@@ -124,10 +127,10 @@ def _conformance(argv: list[str]) -> int:
         again = f"{PROG} {args.target} --spec {args.spec} --examples {args.examples} --seed {seed}"
         print(f"reproduce with: {again}")
         return FAILED
-    except (TypeError, HypothesisException) as e:
-        # The kit raises TypeError for a target it cannot drive (an agent class it cannot
-        # build, a factory with the wrong signature): the target is bad input, not a finding.
-        # What the supervisor itself raises is part of its behaviour and never escapes here.
+    except (HarnessError, HypothesisException) as e:
+        # A target the kit cannot script (HarnessError: a hook, type or constructor argument it
+        # cannot find or supply) is bad input, not a finding. What the supervisor itself raises
+        # is part of its behaviour and never escapes here.
         raise UsageError(str(e)) from None
     print(f"OK: {args.target} conforms to spec {args.spec!r} ({how})")
     return OK

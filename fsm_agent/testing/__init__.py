@@ -12,7 +12,8 @@ from ._recording import Call, RecordingDriver, ScriptExhausted, make_result
 # kit's names load on first use.
 _KIT = {
     "DIVERGENCES": "_conformance", "ConformanceFailure": "_conformance",
-    "Divergence": "_conformance", "ScriptedDriver": "_conformance",
+    "Divergence": "_conformance", "HarnessError": "_conformance",
+    "ScriptedDriver": "_conformance",
     "SupervisorConformance": "_conformance", "check_script": "_conformance",
     "conformance_machine": "_conformance", "default_settings": "_conformance",
     "run_conformance": "_conformance", "run_script": "_conformance",
@@ -43,6 +44,7 @@ __all__ = [
     "Call",
     "ConformanceFailure",
     "Divergence",
+    "HarnessError",
     "RecordingDriver",
     "RunConfig",
     "ScriptExhausted",

@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from ._strategies import RunConfig, Tick, fault_error, monitor_result
+from ._strategies import RunConfig, Tick, failure_summary, fault_error, monitor_result
 
 __all__ = [
     "PRESETS",
@@ -52,8 +52,10 @@ class Returned:
     """The supervisor returned.
 
     ``state`` is the returned result's state (None when a bare dict of return values came back,
-    as the seed's agent returns). ``gave_up_after`` is set by the reference when the return is a
-    give-up: torch 2.13 then returns the observed result itself, UNHEALTHY included.
+    as the seed's agent returns). ``failures`` is :func:`failure_summary` of the result's (rank ->
+    pid and exit code). ``gave_up_after`` is the last observed state when the return is a give-up
+    (FAILED or UNHEALTHY): torch 2.13 then returns the observed result itself, UNHEALTHY
+    included, where fsm_agent reports FAILED.
     """
 
     state: str | None
@@ -162,7 +164,8 @@ def reference_trace(preset: str, config: RunConfig, script: Sequence[Tick]) -> T
             events.append(("put_metric", f"workers.{role}.{observed.lower()}", 1))
             if observed == "SUCCEEDED":
                 barrier()
-                return done(Returned(observed, result.return_values, result.failures))
+                return done(Returned(observed, result.return_values,
+                                     failure_summary(result.failures)))
             if observed in ("FAILED", "UNHEALTHY"):
                 if remaining > 0:
                     remaining -= 1
@@ -174,8 +177,8 @@ def reference_trace(preset: str, config: RunConfig, script: Sequence[Tick]) -> T
                     barrier()
                     return done(Raised("WorkerGroupFailureException",
                                        f"[{role}] exceeded max_restarts={config.max_restarts}"))
-                return done(Returned("FAILED", result.return_values, result.failures,
-                                     gave_up_after=observed))
+                return done(Returned("FAILED", result.return_values,
+                                     failure_summary(result.failures), gave_up_after=observed))
             if observed == "HEALTHY":
                 call("num_nodes_waiting")
                 if tick.nodes_waiting > 0:

@@ -29,6 +29,7 @@ __all__ = [
     "BARRIER_OUTCOMES",
     "HOOKS",
     "INIT_FAULTS",
+    "ElasticTypes",
     "RunConfig",
     "Tick",
     "run_configs",
@@ -117,23 +118,56 @@ def barrier_error(outcome: str) -> Exception:
     return RuntimeError("scripted exit barrier error")
 
 
+@attrs.frozen
+class ElasticTypes:
+    """The classes a supervisor's package builds results from: torch's, or those of another
+    copy of torch elastic (the ``torchelastic`` package, a vendored copy) with the same shape."""
+
+    WorkerState: Any
+    RunResult: Any
+    ProcessFailure: Any
+
+    @classmethod
+    def torch(cls) -> ElasticTypes:
+        """torch's own (``torch.distributed.elastic``)."""
+        return _torch_types()
+
+
+@functools.cache
+def _torch_types() -> ElasticTypes:
+    api = _torch()
+    return ElasticTypes(api.WorkerState, api.RunResult, api.ProcessFailure)
+
+
 @functools.lru_cache(maxsize=4096)
-def monitor_result(tick: int, observed: str) -> RunResult:
+def monitor_result(tick: int, observed: str, types: ElasticTypes | None = None) -> RunResult:
     """The ``RunResult`` the ``tick``-th monitor call returns when it observes ``observed``.
 
     Return values and failures are tagged with the tick so that a supervisor which returns the
-    wrong tick's result is caught.
+    wrong tick's result is caught. ``types`` are the classes to build it from (default torch's).
     """
-    api = _torch()
-    state = api.WorkerState[observed]
+    t = types if types is not None else _torch_types()
+    state = t.WorkerState[observed]
     return_values: dict[int, Any] = {}
     failures: dict[int, Any] = {}
     if observed == "SUCCEEDED":
         return_values = {0: f"ret@{tick}"}
     elif observed == "FAILED":
-        failures = {0: api.ProcessFailure(local_rank=0, pid=10_000 + tick, exitcode=1,
-                                          error_file="<none>")}
-    return api.RunResult(state=state, return_values=return_values, failures=failures)
+        failures = {0: t.ProcessFailure(local_rank=0, pid=10_000 + tick, exitcode=1,
+                                        error_file="<none>")}
+    return t.RunResult(state=state, return_values=return_values,  # type: ignore[no-any-return]
+                       failures=failures)
+
+
+def failure_summary(failures: Any) -> dict[Any, tuple[Any, Any]]:
+    """``failures`` (rank -> ``ProcessFailure``) as ``rank -> (pid, exitcode)``.
+
+    Two copies of torch elastic have two ``ProcessFailure`` classes (never equal to each other),
+    and each failure carries the time it was built; what a supervisor must pass on is which
+    process failed and how.
+    """
+    return {rank: (getattr(f, "pid", f), getattr(f, "exitcode", None))
+            for rank, f in dict(failures or {}).items()}
 
 
 # Listed with the simplest first (hypothesis shrinks towards the start of a sampled_from list);

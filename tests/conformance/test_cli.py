@@ -8,6 +8,8 @@ import pytest
 
 from fsm_agent.cli.conformance import main
 
+from .unscriptable import UNSCRIPTABLE
+
 pytestmark = pytest.mark.timeout(120)
 
 MUTANTS = "tests.conformance.mutants"
@@ -69,7 +71,7 @@ def test_factory_target(capsys: pytest.CaptureFixture[str]) -> None:
         (["nocolon"], "TARGET must be MODULE:ATTR"),
         (["no_such_module_xyz:X"], "cannot import module 'no_such_module_xyz'"),
         (["fsm_agent:NoSuchThing"], "'fsm_agent' has no attribute 'NoSuchThing'"),
-        (["fsm_agent:__version__"], "SimpleElasticAgent subclass or a callable"),
+        (["fsm_agent:__version__"], "SimpleElasticAgent shape (any package's) or a callable"),
         (["fsm_agent:Lifecycle", "--spec", "missing.yaml"],
          "--spec missing.yaml: no such spec file or preset"),
         (["fsm_agent:Lifecycle", "--examples", "0"], "--examples must be at least 1"),
@@ -86,3 +88,15 @@ def test_usage_errors_exit_two_with_one_line(argv: list[str], message: str,
 def test_bad_flag_is_argparse_usage(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["fsm_agent:Lifecycle", "--examples", "many"]) == 2
     assert "invalid int value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", sorted(UNSCRIPTABLE))
+def test_a_target_the_kit_cannot_script_exits_two_with_one_line(
+        name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([f"tests.conformance.unscriptable:{name}", "--examples", "300", "--seed", "1"]) \
+        == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no counterexample, no hypothesis report
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fsm-agent conformance: error: ")
+    assert UNSCRIPTABLE[name][1] in lines[0]

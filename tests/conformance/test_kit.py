@@ -12,6 +12,7 @@ from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 from fsm_agent import Lifecycle, SpecError
 from fsm_agent.testing._conformance import (
     ConformanceFailure,
+    HarnessError,
     SupervisorConformance,
     check_script,
     conformance_machine,
@@ -24,6 +25,7 @@ from fsm_agent.torch import LifecycleAgentMixin
 
 from . import mutants
 from .seed_agent import SeedAgent
+from .unscriptable import UNSCRIPTABLE
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -147,7 +149,7 @@ def test_seed_makes_a_run_reproducible() -> None:
 
 
 def test_bad_targets_and_specs_are_refused_before_hypothesis_runs(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match=r"SimpleElasticAgent subclass or a callable"):
+    with pytest.raises(TypeError, match=r"SimpleElasticAgent shape .* or a callable"):
         run_conformance(42)
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\n")
@@ -186,3 +188,20 @@ def test_recorded_torch_run_is_what_torch_did() -> None:
     )
     assert (trace.state, trace.remaining_restarts) == ("SUCCEEDED", 1)
     assert trace.outcome.return_values == {0: "ret@3"}
+
+
+@pytest.mark.parametrize("name", sorted(UNSCRIPTABLE))
+def test_a_target_the_kit_cannot_script_is_a_harness_error_not_a_counterexample(
+        name: str) -> None:
+    target, message = UNSCRIPTABLE[name]
+    with pytest.raises(HarnessError) as info:
+        run_conformance(target, settings=REJECT, seed=0)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_a_harness_error_met_mid_search_also_ends_the_stateful_search() -> None:
+    target, message = UNSCRIPTABLE["UsesTheStoreForTrainers"]
+    with pytest.raises(HarnessError, match=re.escape(message)):
+        run_conformance(target, settings=settings(REJECT, stateful_step_count=6), seed=0,
+                        stateful=True)
