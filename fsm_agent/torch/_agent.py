@@ -23,9 +23,15 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
 from fsm_agent._params import bind_params
 from fsm_agent.torch._driver import TorchDriver
-from fsm_agent.torch._fastpath import cheap_rendezvous_events, fast_rendezvous
+from fsm_agent.torch._fastpath import (
+    cheap_rendezvous_events,
+    fast_rendezvous,
+    notify_background_syncs,
+    state_cache_expiry,
+)
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
+from fsm_agent.torch._tick import QuietTicks
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
 if TYPE_CHECKING:
@@ -114,6 +120,10 @@ class LifecycleAgentMixin:
             on_started=_weak_method(self._on_workers_started),
         )
         self._lifecycle: Lifecycle | None = None
+        # Ticks after which nothing can have changed need no look, and no tick at all when
+        # nobody else sees them (fsm_agent/torch/_tick.py).
+        self._fsm_quiet = QuietTicks(self, _weak_method(self._fsm_ticks_seen))
+        self._fsm_driver.quiet = self._fsm_quiet
 
     # -- the lifecycle -------------------------------------------------------------------------
 
@@ -216,32 +226,62 @@ class LifecycleAgentMixin:
         ends the wait at once (``fsm_agent.torch._wakeup``). Returning the name of one of the
         spec's own triggers fires it (a subclass delivering an external event).
         """
+        quiet = self._fsm_quiet
+        lifecycle = self._lifecycle
+        if lifecycle is not None and lifecycle.deadline is None:  # no timer to wake up for
+            interval = quiet.wait_for(
+                interval, state_cache_expiry(self._worker_group.spec.rdzv_handler)
+            )
+        woke: bool | None = None
         try:
-            self._fsm_waker().wait(interval)
+            woke = self._fsm_waker().wait(interval)
         except FATAL_EXCEPTIONS:
             raise  # a termination signal raised by torch's handler during the wait
         except Exception as e:
             self._fsm_waker_fallback("wait", e)
             time.sleep(interval)
+        quiet.waited(woke)
         return None
+
+    def _fsm_ticks_seen(self) -> bool:
+        # Whether anything besides this agent sees each tick: lifecycle listeners (a trace
+        # writer records every tick; the agent's own _follow_step is always the first), or the
+        # hang watchdog (ours reports a hang on the next tick).
+        lifecycle = self._lifecycle
+        if self._lifecycle_listeners or getattr(self, "_worker_watchdog", None) is not None:
+            return True
+        return lifecycle is None or len(getattr(lifecycle, "_listeners", ((), ()))) > 1
+
+    def _fsm_wake(self) -> None:
+        # From torch's keep-alive thread: the rendezvous state was refreshed, look at it now.
+        waker = self._fsm_exit_waker
+        if waker is not None:
+            with contextlib.suppress(Exception):
+                waker.wake()
 
     def _on_workers_started(self) -> None:
         """Called after every start of the workers (first start and each restart)."""
         # watch the new workers' exits; agents without torch's _pcontext just tick.
+        self._fsm_quiet.watching(None)
         pcontext = getattr(self, "_pcontext", None)
         if pcontext is None or self._fsm_waker_failed:
             return
         try:
-            self._fsm_waker().watch(pcontext)
+            waker = self._fsm_waker()
+            waker.watch(pcontext)
         except FATAL_EXCEPTIONS:
             raise
         except Exception as e:
             self._fsm_waker_fallback("watch", e)
+            return
+        if waker.backend != "tick":
+            self._fsm_quiet.watching(pcontext)  # every exit of these workers wakes the loop
 
     def _fsm_waker_fallback(self, what: str, error: Exception) -> None:
         # The waker only says when to look, never what happened: when it breaks (a process
         # context without real pids, an fd error) the monitor loop still works on plain ticks.
         self._fsm_waker_failed = True
+        self._fsm_quiet.watching(None)
         broken, self._fsm_exit_waker = self._fsm_exit_waker, None
         if broken is not None:
             with contextlib.suppress(Exception):
@@ -272,6 +312,9 @@ class LifecycleAgentMixin:
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         """torch's ``run()``; afterwards the per-round worker store is released."""
+        # A node waiting to join is counted as soon as another thread refreshes the state.
+        unhook = notify_background_syncs(self._worker_group.spec.rdzv_handler,
+                                         _weak_method(self._fsm_wake))
         try:
             with cheap_rendezvous_events():  # torch's events without inspect.stack()
                 return super().run(role)  # type: ignore[misc, no-any-return]
@@ -279,6 +322,7 @@ class LifecycleAgentMixin:
             _clear_library_frames(e)
             raise
         finally:
+            unhook()
             self._fsm_driver.close()
             self._fsm_driver.bind(None)  # the lifecycle (kept for inspection) refers to the driver
             waker = self._fsm_exit_waker

@@ -6,8 +6,10 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from torch.distributed.elastic.metrics import put_metric as _put_metric
+from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetricHandler
+from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
+from fsm_agent.torch._fastpath import cached_nodes_waiting
 from fsm_agent.torch._isolation import WorkerStoreIsolation
 
 if TYPE_CHECKING:
@@ -16,6 +18,8 @@ if TYPE_CHECKING:
         SimpleElasticAgent,
         WorkerGroup,
     )
+
+    from fsm_agent.torch._tick import QuietTicks
 
 __all__ = ["TorchDriver"]
 
@@ -72,6 +76,9 @@ class TorchDriver:
             WorkerStoreIsolation() if isolate_worker_store else None
         )
         self._counters: _Counters | None = None
+        #: Set by the agent: stands in for ``_monitor_workers`` when the last look must still
+        #: stand (``fsm_agent.torch._tick``); ``None``: every tick looks, as torch's loop.
+        self.quiet: QuietTicks | None = None
 
     @property
     def worker_group(self) -> WorkerGroup:
@@ -130,7 +137,16 @@ class TorchDriver:
         self.agent._stop_workers(group)
 
     def monitor(self) -> RunResult:
-        """One look at the workers; the group's state follows the observation, as in torch."""
+        """One look at the workers; the group's state follows the observation, as in torch.
+
+        With ``quiet`` set, a tick after which nothing can have changed gets the last look's
+        HEALTHY result instead (``fsm_agent.torch._tick``: same answer, no look).
+        """
+        quiet = self.quiet
+        if quiet is not None:
+            standing = quiet.stand_in()
+            if standing is not None:
+                return standing  # type: ignore[no-any-return]
         self.sync_counters()
         group = self.worker_group
         before = self.agent._remaining_restarts
@@ -140,11 +156,21 @@ class TorchDriver:
             # LocalElasticAgent zeroes _remaining_restarts when a worker is stuck in D-state
             # ("a fresh worker would conflict"); the lifecycle owns the counter, so pass it on.
             _set_remaining_restarts(self._counters, self.agent._remaining_restarts)
+        if quiet is not None:
+            quiet.looked(result)
         return result
 
     def num_nodes_waiting(self) -> int:
-        """Nodes waiting to join the next round (a membership change)."""
-        return int(self.worker_group.spec.rdzv_handler.num_nodes_waiting())
+        """Nodes waiting to join the next round (a membership change).
+
+        torch's c10d handler reads the rendezvous state from the store at most once per cache
+        period (1 s) and serves its cached copy in between; the cached answer is read here
+        without the call (``fsm_agent.torch._fastpath.cached_nodes_waiting``), the store read
+        happens when torch's would.
+        """
+        handler = self.worker_group.spec.rdzv_handler
+        waiting = cached_nodes_waiting(handler)
+        return int(handler.num_nodes_waiting()) if waiting is None else waiting
 
     def exit_barrier(self, timeout: float) -> None:
         """Wait for every agent of the group on the rendezvous store, like torch's agent."""
@@ -168,8 +194,14 @@ class TorchDriver:
             self.agent._in_exit_barrier = False
 
     def put_metric(self, name: str, value: int) -> None:
-        """Publish through torch's metrics API (group ``torchelastic``, as torch's agent)."""
-        _put_metric(name, value)
+        """Publish through torch's metrics API (group ``torchelastic``, as torch's agent).
+
+        What ``put_metric`` does, skipped when the group's handler is torch's
+        ``NullMetricHandler`` (the default), which drops every value.
+        """
+        stream = _get_stream("torchelastic")
+        if type(stream.handler) is not _NullMetricHandler:
+            stream.add_value(name, value)
 
     # -- resources -------------------------------------------------------------------------
 
