@@ -5,11 +5,15 @@ the spec's choice among the transitions on that trigger, made with the guard val
 recorded (in the engine's order: file order, ``guards`` then ``unless``, first match wins), must
 be the transition the trace took; the actions must be the spec's, in the engine's order
 (transition actions, exit of the source, entry of the destination, ``after``); and the counters
-must move as ``consume_restart`` says. The first divergence is reported in plain words.
+must move as ``consume_restart`` says (within a finite budget window, ``remaining_restarts``
+also goes back up as restarts leave the window). The rule recorded, the timers set and the
+``timeout`` steps are checked by ``_replay_policy``. The first divergence is reported in plain
+words.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -17,6 +21,7 @@ import attrs
 
 from ._files import printable
 from ._load import load_spec, preset_names
+from ._replay_policy import PolicyCheck
 from ._spec import (
     ALWAYS_TRIGGER,
     ERROR_STATE,
@@ -67,6 +72,9 @@ class ReplayResult:
     # Moves that are no spec transition: (source, trigger, dest) -> (times, why). An action that
     # raised moves the machine to UNKNOWN; a diverging step is the other kind.
     extra_moves: Mapping[tuple[str, str, str], tuple[int, str]] = attrs.field(factory=dict)
+    #: The spec's parameters in force (from the trace's header, else the spec's defaults), in
+    #: the spec's syntax.
+    params: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -175,8 +183,14 @@ def _check_step(
     state: str,
     remaining: int | None,
     restarts: int | None,
+    window: bool = False,
+    max_restarts: int | None = None,
 ) -> tuple[Transition | None, str | None]:
-    """Check one record; returns (the spec transition it took or None, divergence message)."""
+    """Check one record; returns (the spec transition it took or None, divergence message).
+
+    ``window``: the budget counts restarts within a finite window, so ``remaining_restarts``
+    may have gone back up since the previous step (by at most what ``max_restarts`` allows).
+    """
     where = f"step {n} (line {rec.line})"
     move = f"{rec.source} --{rec.trigger}--> {rec.dest}"
     if rec.source != state:
@@ -218,6 +232,8 @@ def _check_step(
         "has_restarts_left" in values
         and remaining is not None
         and values["has_restarts_left"] != (remaining > 0)
+        # Restarts leaving the window give some back: only "none left" can change.
+        and not (window and remaining == 0)
     ):
         return None, (f"{where}: guard has_restarts_left was recorded "
                           f"{values['has_restarts_left']}, but {remaining} restart(s) were left "
@@ -259,9 +275,19 @@ def _check_step(
     if restarts is not None and new_restarts != restarts + consumed:
         return chosen, (f"{where}: restart_count went from {restarts} to {new_restarts}, but the "
                         f"step consumed {consumed} restart(s)")
-    if remaining is not None and new_remaining != remaining - consumed:
+    if remaining is not None and not window and new_remaining != remaining - consumed:
         return chosen, (f"{where}: remaining_restarts went from {remaining} to {new_remaining}, "
                         f"but the step consumed {consumed} restart(s)")
+    if remaining is not None and window:
+        # Restarts inside the window: at most the previous ones plus those consumed now, at
+        # least those consumed now.
+        low = max(0, remaining - consumed)
+        high = None if max_restarts is None else max(0, max_restarts - consumed)
+        if new_remaining < low or (high is not None and new_remaining > high):
+            bound = (f"between {low} and {high}" if high is not None else f"at least {low}")
+            return chosen, (f"{where}: remaining_restarts went from {remaining} to "
+                            f"{new_remaining}; with {consumed} restart(s) consumed in a budget "
+                            f"window it must be {bound}")
     return chosen, None
 
 
@@ -275,10 +301,13 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
     always_states = {src for trig, src, _, _ in spec.edges() if trig == ALWAYS_TRIGGER}
     finished = False
     checked = 0
+    policy = PolicyCheck(spec, trace)
+    window = policy.window is not None and not math.isinf(policy.window)
 
     def result(div: Divergence | None) -> ReplayResult:
         return ReplayResult(spec, trace, checked, div, dict(counts),
-                            trace.records[checked - 1].dest if checked else None, dict(extra))
+                            trace.records[checked - 1].dest if checked else None, dict(extra),
+                            policy.params)
 
     def add_extra(rec: TraceRecord, why: str) -> None:
         key = (rec.source, rec.trigger, rec.dest or "?")
@@ -286,6 +315,8 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
 
     if not trace.records:
         return result(Divergence(trace.header_line, 0, "the trace has no steps"))
+    if policy.problem is not None:
+        return result(Divergence(trace.header_line, 0, policy.problem))
     cont = trace.header.get("continues")
     if isinstance(cont, Mapping):
         # A rotated trace file: the lifecycle began in an earlier file and stood here.
@@ -318,8 +349,16 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
         if state in always_states and rec.trigger != ALWAYS_TRIGGER:
             return result(Divergence(rec.line, n, f"{where}: {state} is left at once by its "
                                      f"'always' transitions, but the trace fires {rec.trigger!r}"))
+        problem = policy.check_timeout(rec, where)
+        if problem is not None:
+            checked = n
+            add_extra(rec, "diverges from the spec")
+            return result(Divergence(rec.line, n, problem))
         chosen, problem = _check_step(spec, rec, n, state=state, remaining=remaining,
-                                      restarts=restarts)
+                                      restarts=restarts, window=window,
+                                      max_restarts=policy.max_restarts)
+        if problem is None and chosen is not None:
+            problem = policy.check(rec, chosen, where)
         if problem is None and rec.count > 1 and (rec.dest != rec.source or rec.actions
                                                   or rec.error is not None):
             problem = (f"{where}: a folded record (count {rec.count}) stands for steps that "
@@ -358,4 +397,6 @@ def summary(res: ReplayResult, steps: int | None = None) -> str:
                      f"{last.data['remaining_restarts']}")
         if last.error:
             lines.append(f"ended with: {last.error}")
+    if res.params:
+        lines.append("parameters: " + ", ".join(f"{k}={v}" for k, v in res.params.items()))
     return "\n".join(lines)

@@ -9,9 +9,13 @@ Record fields (``step``): ``seq``, ``wall_time``, ``monotonic_time``, ``trigger`
 ``dest``, ``guards`` (``[{"name", "value"}]``, in evaluation order), ``actions`` (``[{"name",
 "kind", "duration_s", "outcome", "error"}]``), ``remaining_restarts``, ``restart_count``,
 ``observed`` (the observed state's name or null), ``failures`` (global rank -> failure),
-``error`` (what ended the lifecycle, if anything), ``role`` and the writer's static fields
-(``group_rank``, ...). A header (``"kind": "header"``) may appear again later in the file: each
-one starts a new lifecycle. The header has ``"preset": true`` when the spec is a built-in one.
+``error`` (what ended the lifecycle, if anything), ``rule`` (the failure-policy rule whose
+transition was taken, or null), ``timer`` (the seconds of the timer set on entering ``dest``, the
+backoff chosen for a backoff state; null when ``dest`` has no timer), ``role`` and the writer's
+static fields (``group_rank``, ...). The header records the spec's parameters in force
+(``"params": {"backoff_max": "60"}``, each value in the spec's syntax) when the spec has any. A
+header (``"kind": "header"``) may appear again later in the file: each one starts a new
+lifecycle. The header has ``"preset": true`` when the spec is a built-in one.
 
 A writer that cannot write a record (a full disk, a file size limit) stops and, if the file still
 takes it, appends ``{"kind": "incomplete", "seq": N, "error": ...}``: records from ``seq`` N on
@@ -83,7 +87,7 @@ _STEP_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 # Header fields the writer owns; static fields may not shadow them or the step fields.
 _RESERVED = frozenset({"kind", "format", "version", "spec", "spec_path", "preset", "seq",
-                       "wall_time",
+                       "wall_time", "params", "rule", "timer",
                        "monotonic_time", "observed", "failures", "error", "role", *_STEP_FIELDS,
                        "count", "last_wall_time", "last_monotonic_time", "continues"})
 # The in-place part of a folded record: fixed widths, so an update rewrites the same bytes.
@@ -150,6 +154,8 @@ def step_record(step: Step, seq: int, static: Mapping[str, Any] | None = None) -
         "observed": step.observed,
         "failures": _jsonable(dict(step.failures)),
         "error": step.error,
+        "rule": step.rule,
+        "timer": step.timer,
     }
     if static:
         record.update(static)
@@ -164,6 +170,10 @@ class JsonlTraceWriter:
     ``fsm-agent replay`` needs no ``--spec``. ``static``: fields added to the header and to every
     record, such as ``node`` (the runner knows them, the engine does not). ``dynamic``: called
     for every record, its fields added too: ``group_rank``, which a re-rendezvous may change.
+    ``params``: the spec's parameters the lifecycle was given (``Lifecycle(..., params=)``, or
+    ``Lifecycle.params``); the header records every parameter in force, the spec's defaults
+    merged with these (a ``SpecError`` for an unknown name or a bad value), so that ``replay``
+    checks timers against the values the run used.
 
     A path must be a regular file (or not exist yet): a FIFO, device or directory raises
     ``FileRefused`` (an ``OSError``) at once, as does a header that cannot be written. After
@@ -187,11 +197,13 @@ class JsonlTraceWriter:
         dynamic: Callable[[], Mapping[str, Any]] | None = None,
         max_bytes: int | None = None,
         backups: int = 1,
+        params: Mapping[str, Any] | None = None,
         **static: Any,
     ) -> None:
         clash = sorted(set(static) & (_RESERVED - {"role"}))
         if clash:
             raise ValueError(f"static trace fields may not be named {', '.join(clash)}")
+        in_force = _params_in_force(spec, params)
         if max_bytes is not None and (isinstance(max_bytes, bool) or max_bytes < 4096):
             raise ValueError(f"max_bytes must be at least 4096, got {max_bytes!r}")
         if isinstance(backups, bool) or not isinstance(backups, int) or backups < 0:
@@ -234,6 +246,8 @@ class JsonlTraceWriter:
                     else spec.path
                 if _is_preset(spec):
                     header["preset"] = True
+        if in_force:
+            header["params"] = in_force
         header.update(self._static)
         self._header = header
         try:
@@ -458,6 +472,17 @@ def _fold_tail(count: int, wall: float, mono: float) -> str:
     return _FOLD_TAIL.format(count, repr(float(wall))[:24], repr(float(mono))[:24])
 
 
+def _params_in_force(spec: Spec | str | None, params: Mapping[str, Any] | None) -> dict[str, str]:
+    """The header's ``params``: every value in force, in the spec's syntax (``60``, ``[3, 4]``)."""
+    from ._params import bind_params, format_value
+
+    if spec is None or isinstance(spec, str):
+        # Nothing to merge with: what the caller says, as it says it.
+        return {str(k): format_value(v) for k, v in (params or {}).items()}
+    return {k: format_value(v) for k, v in bind_params(spec.params, params,
+                                                       path=spec.path).items()}
+
+
 def _dumps(record: Mapping[str, Any]) -> str:
     try:
         return json.dumps(record, allow_nan=False, default=repr) + "\n"
@@ -488,10 +513,11 @@ def open_trace(
     *,
     spec: Spec | str | None = None,
     dynamic: Callable[[], Mapping[str, Any]] | None = None,
+    params: Mapping[str, Any] | None = None,
     **static: Any,
 ) -> JsonlTraceWriter:
     """A ``JsonlTraceWriter`` appending to ``path``; close it when the lifecycle ends."""
-    return JsonlTraceWriter(path, spec=spec, dynamic=dynamic, **static)
+    return JsonlTraceWriter(path, spec=spec, dynamic=dynamic, params=params, **static)
 
 
 @attrs.frozen
@@ -530,6 +556,19 @@ class TraceRecord:
         return None if err is None else str(err)
 
     @property
+    def rule(self) -> str | None:
+        """The failure-policy rule whose transition was taken (None: a plain transition, or a
+        trace written before rules were recorded; ``"rule" in data`` tells the two apart)."""
+        rule = self.data.get("rule")
+        return None if rule is None else str(rule)
+
+    @property
+    def timer(self) -> float | None:
+        """Seconds of the timer set on entering ``dest`` (None: no timer, or an older trace)."""
+        value = self.data.get("timer")
+        return None if value is None else _timer_value(value)
+
+    @property
     def count(self) -> int:
         """How many identical steps this record stands for (1 unless folded)."""
         return int(self.data.get("count", 1))
@@ -554,6 +593,13 @@ class Trace:
         """The spec the header names, if any."""
         name = self.header.get("spec")
         return None if name is None else str(name)
+
+    @property
+    def params(self) -> dict[str, str] | None:
+        """The spec's parameters in force as the header recorded them (values in the spec's
+        syntax), or None when it recorded none."""
+        params = self.header.get("params")
+        return None if params is None else {str(k): str(v) for k, v in params.items()}
 
     @property
     def final_state(self) -> str | None:
@@ -646,11 +692,26 @@ def _check_header(shown: str, n: int, data: Mapping[str, Any]) -> None:
     for field in ("spec", "spec_path"):
         if not isinstance(data.get(field, ""), str):
             raise TraceError(shown, n, f"header field {field!r} must be a string")
+    params = data.get("params", {})
+    if not (isinstance(params, dict) and all(_is_name(k) and isinstance(v, str)
+                                             for k, v in params.items())):
+        raise TraceError(shown, n, "header field 'params' must map parameter names to values "
+                         "written as strings")
 
 
 def _is_name(value: object) -> bool:
     # Names go into diagrams and messages: as in specs, identifiers only (no markup, no escapes).
     return isinstance(value, str) and value.isidentifier() and len(value) <= 200
+
+
+def _timer_value(value: Any) -> float | None:
+    """A record's ``timer`` as seconds (the writer writes an infinite one as ``"inf"``), or None
+    if it is not one."""
+    if value == "inf":
+        return math.inf
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
 
 
 def _check_step(shown: str, n: int, data: Mapping[str, Any]) -> None:
@@ -675,6 +736,12 @@ def _check_step(shown: str, n: int, data: Mapping[str, Any]) -> None:
                              "digits, underscores)")
     if not isinstance(data.get("error", ""), (str, type(None))):
         raise TraceError(shown, n, "field 'error' must be a string or null")
+    if data.get("rule") is not None and not _is_name(data["rule"]):
+        raise TraceError(shown, n, f"field 'rule' is not a name (letters, digits, underscores): "
+                         f"{_shown_value(data['rule'])}")
+    if data.get("timer") is not None and _timer_value(data["timer"]) is None:
+        raise TraceError(shown, n, f"field 'timer' must be a number of seconds >= 0 or null, got "
+                         f"{_shown_value(data['timer'])}")
     if "count" in data:
         count = data["count"]
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:

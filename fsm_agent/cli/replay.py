@@ -69,6 +69,8 @@ def _lifecycle_json(index: int, res: ReplayResult) -> dict[str, Any]:
                                               "message": d.message},
         # Why the trace stops early (the writer could not write on), or null.
         "incomplete": res.trace.incomplete,
+        # The spec's parameters in force (the header's, else the defaults), in spec syntax.
+        "params": dict(res.params),
     }
 
 
