@@ -2,16 +2,28 @@
 the spec itself.
 
 ``fsm-agent check --bounds`` answers the question users of torchrun work out by hand ("3 x 2400 s
-= 2 hours"): the spec's own engine runs a crash loop (every attempt fails at its first monitor
-tick) in virtual time against a driver whose calls take as long as torch allows them to (a
-rendezvous up to its join timeout, a stop up to the shutdown timeout, the exit barrier up to its
-timeout, a declared action up to its budget). Two runs bound the answer: the fastest (every call
-instant, the smallest jitter) and the slowest (every call as slow as allowed, the largest jitter).
-Nothing is restated: timers, windows, rules and budgets are the spec's.
+= 2 hours"): the spec's own engine runs a crash loop (every attempt fails as soon as it starts) in
+virtual time against a driver whose calls take as long as torch allows them to. Two runs bound
+the answer:
+
+- **fastest**: the failure is seen at once (the agent's worker-exit wake-up), every call is
+  instant, every backoff draws the low end of its jitter;
+- **slowest**: the failure is seen at the next monitor tick, torch closes the rest of the failed
+  group within the stop timeout (``PContext.close`` in the monitor's poll), every stop of workers
+  still running takes the stop timeout, every rendezvous takes the c10d join timeout, the exit
+  barrier its timeout, a declared action its budget, and every backoff draws the high end.
+
+Nothing is restated: timers, windows, rules and budgets are the spec's. A crash loop that has
+not given up after :data:`HORIZON_S` of virtual time, or :data:`MAX_RESTARTS_SEEN` restarts
+(10 x max_restarts when that is more; counted or not), is reported as never giving up: with a
+restart window, restarts that take long enough leave the window as fast as new ones are counted.
+No torch import: the driver's results are plain stand-ins for torch's ``RunResult``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -20,24 +32,29 @@ import attrs
 
 from ._clock import VirtualClock
 from ._engine import Lifecycle
-from ._spec import Spec
+from ._params import bind_params, format_param, format_seconds
+from ._spec import OBSERVATION_TRIGGERS, Spec
 from ._step import Step
 
-__all__ = ["Bound", "Limits", "bounds", "format_bounds", "format_duration"]
+__all__ = ["Bound", "Limits", "bounds", "bounds_json", "format_bounds", "format_duration"]
 
 #: A crash loop that has not given up after this long never will (for the report's purpose).
 HORIZON_S = 30 * 24 * 3600.0
-MAX_RESTARTS_SEEN = 10_000
+MAX_RESTARTS_SEEN = 1_000
+# Waits without a restart (a spec that restarts for ever without counting, at zero cost).
+_MAX_WAITS = 20_000
 
 
 @attrs.frozen
 class Limits:
-    """What each driver call may take at worst (torch's defaults)."""
+    """The agent's settings and what each driver call may take at worst (torch's defaults)."""
 
     max_restarts: int = 3
     monitor_interval: float = 0.1
     rendezvous_timeout: float = 600.0  # c10d's join_timeout
-    stop_timeout: float = 30.0  # TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+    # torch stops workers on a restart (and closes a failed group's survivors) within a fixed
+    # 30 s; --shutdown-timeout / TORCH_ELASTIC_SHUTDOWN_TIMEOUT only bound the final shutdown.
+    stop_timeout: float = 30.0
     exit_barrier_timeout: float = 300.0
 
 
@@ -45,11 +62,17 @@ class Limits:
 class Bound:
     """One crash-loop run: how it ended, after how long, having restarted how often."""
 
-    scenario: str
-    restarts: int
-    seconds: float | None  # None: it never gives up
+    scenario: str  # "fastest" or "slowest"
+    restarts: int | None  # failure restarts before giving up; None: no limit (never gives up)
+    seconds: float | None  # virtual seconds until it gives up; None: never
     outcome: str
-    spent: Mapping[str, float]  # seconds by where they went (rendezvous, stop, backoff, ...)
+    spent: Mapping[str, float]  # seconds by where they went (rendezvous, backoff, ...)
+    final_state: str | None = None  # None: it never ends
+    exit_code: int | None = None  # what the spec asked the job to exit with (set_exit_code)
+    # How far the run went: virtual seconds and restarts (for a loop that never ends, where it
+    # was stopped; ``spent`` covers exactly this much).
+    simulated: float = 0.0
+    restarts_made: int = 0
 
 
 class _Stop(BaseException):
@@ -66,83 +89,134 @@ class _Jitter:
         return b if self.high else a
 
 
+# Stand-ins for torch's WorkerState, RunResult and ProcessFailure: what the engine and the
+# failure matchers read (state.name, failures, exitcode), without importing torch.
+_WorkerState = enum.Enum("_WorkerState", "UNKNOWN INIT HEALTHY UNHEALTHY STOPPED SUCCEEDED FAILED")
+
+
+@dataclasses.dataclass
+class _Failure:
+    local_rank: int = 0
+    exitcode: int = 1
+    message: Any = None
+    error_file: str = ""
+
+
+@dataclasses.dataclass
+class _Result:
+    state: _WorkerState
+    failures: dict[int, _Failure] = dataclasses.field(default_factory=dict)
+    return_values: dict[int, Any] = dataclasses.field(default_factory=dict)
+
+
 class _CrashLoop:
-    """A driver whose workers fail at every first tick, and whose calls take ``cost`` seconds."""
+    """A driver whose workers fail as soon as they start; in the slow run its calls take as long
+    as ``limits`` allow."""
 
     def __init__(self, clock: VirtualClock, limits: Limits, slow: bool) -> None:
         self.clock, self.limits, self.slow = clock, limits, slow
         self.spent: dict[str, float] = {}
+        self.running = False  # workers started and not yet closed or stopped
+        self.starts = 0
 
-    def _take(self, what: str, seconds: float) -> None:
+    def take(self, what: str, seconds: float) -> None:
         if self.slow and seconds > 0:
             self.clock.advance(seconds)
             self.spent[what] = self.spent.get(what, 0.0) + seconds
 
     def rendezvous(self) -> None:
-        self._take("rendezvous", self.limits.rendezvous_timeout)
+        self.take("rendezvous", self.limits.rendezvous_timeout)
 
     def start_workers(self) -> None:
-        pass
+        self.running = True
+        self.starts += 1
 
     def stop_workers(self) -> None:
-        self._take("stopping workers", self.limits.stop_timeout)
+        if self.running:
+            self.take("stopping workers", self.limits.stop_timeout)
+        self.running = False
 
-    def monitor(self) -> Any:
-        from .testing._recording import make_result
-
-        return make_result("FAILED")
+    def monitor(self) -> _Result:
+        # torch's poll closes the rest of a failed group before it returns the failure.
+        self.take("closing the failed group", self.limits.stop_timeout)
+        self.running = False
+        return _Result(_WorkerState.FAILED, {0: _Failure()})
 
     def num_nodes_waiting(self) -> int:
         return 0
 
     def exit_barrier(self, timeout: float) -> None:
-        self._take("exit barrier", min(timeout, self.limits.exit_barrier_timeout))
+        self.take("exit barrier", min(timeout, self.limits.exit_barrier_timeout))
 
     def put_metric(self, name: str, value: int) -> None:
         pass
 
 
-def _run(spec: Spec, params: Mapping[str, Any] | None, limits: Limits, slow: bool) -> Bound:
+def _run(spec: Spec, values: Mapping[str, Any], limits: Limits, slow: bool) -> Bound:
     clock = VirtualClock()
     driver = _CrashLoop(clock, limits, slow)
-    budgets = {a.name: float(a.timeout.resolve({**spec.defaults, **(params or {})}))
+    builtin = {"max_restarts": limits.max_restarts,
+               "exit_barrier_timeout": limits.exit_barrier_timeout}
+    budgets = {a.name: float(a.timeout.resolve({**values, **builtin}))
                for a in spec.action_defs if a.timeout is not None}
     waits: dict[str, float] = {}
+    count = [0]
+    enough = max(MAX_RESTARTS_SEEN, 10 * limits.max_restarts)
 
     def listen(step: Step) -> None:
         for a in step.actions:
             if a.name in budgets:
-                driver._take(a.name, budgets[a.name])
+                driver.take(f"action {a.name}", budgets[a.name])
 
     lc = Lifecycle(spec, driver, max_restarts=limits.max_restarts,
-                   exit_barrier_timeout=limits.exit_barrier_timeout, params=params, clock=clock,
+                   exit_barrier_timeout=limits.exit_barrier_timeout, params=values, clock=clock,
                    rng=_Jitter(slow), listeners=[listen])  # type: ignore[arg-type]
+    observed = {src for trig, src, _, _ in spec.edges() if trig in OBSERVATION_TRIGGERS}
 
     def sleep(seconds: float) -> None:
         state = lc.state_name
+        if state in observed:
+            # waiting for the failure: seen at once when fast, at the next tick when slow
+            seconds = seconds if slow else 0.0
+            where = "monitor ticks"
+        else:
+            where = f"waiting in {state}"
         clock.sleep(seconds)
-        waits[state] = waits.get(state, 0.0) + seconds
-        if clock.now() > HORIZON_S or lc.restart_count > MAX_RESTARTS_SEEN:
+        if seconds > 0:
+            waits[where] = waits.get(where, 0.0) + seconds
+        count[0] += 1
+        if clock.now() > HORIZON_S or driver.starts > enough or count[0] > _MAX_WAITS:
             raise _Stop
 
-    scenario = "crash loop, slowest" if slow else "crash loop, fastest"
+    scenario = "slowest" if slow else "fastest"
     try:
         lc.run(limits.monitor_interval, sleep=sleep)
         outcome = f"ends {lc.state_name}"
     except _Stop:
-        spent = {**driver.spent, **{f"waiting in {s}": t for s, t in waits.items()}}
-        return Bound(scenario, lc.restart_count, None, "never gives up", spent)
+        spent = {**driver.spent, **waits}
+        return Bound(scenario, None, None, f"never gives up (still restarting after "
+                     f"{format_duration(clock.now())})", spent, simulated=clock.now(),
+                     restarts_made=lc.restart_count)
     except Exception as e:
+        # The spec's own way of giving up (torchelastic raises WorkerGroupFailureException).
         outcome = f"ends {lc.state_name} ({type(e).__name__})"
-    spent = {**driver.spent, **{f"waiting in {s}": t for s, t in waits.items()}}
-    return Bound(scenario, lc.restart_count, clock.now(), outcome, spent)
+    if lc.exit_code is not None:
+        outcome += f", exit code {lc.exit_code}"
+    spent = {**driver.spent, **waits}
+    return Bound(scenario, lc.restart_count, clock.now(), outcome, spent, lc.state_name,
+                 lc.exit_code, clock.now(), lc.restart_count)
 
 
 def bounds(spec: Spec, params: Mapping[str, Any] | None = None,
            limits: Limits | None = None) -> list[Bound]:
-    """The fastest and the slowest crash loop of ``spec`` under ``limits``."""
+    """The fastest and the slowest crash loop of ``spec`` under ``limits``.
+
+    ``params`` are checked as ``Lifecycle`` checks them (text such as ``"90s"`` is parsed); a bad
+    one is a ``SpecError``.
+    """
     limits = limits or Limits()
-    return [_run(spec, params, limits, slow=False), _run(spec, params, limits, slow=True)]
+    values = bind_params(spec.params, params, path=spec.path)
+    return [_run(spec, values, limits, slow=False), _run(spec, values, limits, slow=True)]
 
 
 def format_duration(seconds: float | None) -> str:
@@ -159,25 +233,66 @@ def format_duration(seconds: float | None) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _param_text(spec: Spec, name: str, value: Any) -> str:
+    return format_param(spec.param(name).type, value)
+
+
+def _values(spec: Spec, params: Mapping[str, Any] | None) -> dict[str, Any]:
+    return bind_params(spec.params, params, path=spec.path)
+
+
 def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
                   params: Mapping[str, Any] | None = None) -> str:
     """The table ``fsm-agent check --bounds`` prints."""
-    shown = {**spec.defaults, **(params or {})}
-    head = [f"{spec.name}: every attempt fails at its first monitor tick "
-            f"(max_restarts={limits.max_restarts}, monitor interval {limits.monitor_interval:g} s"
-            f"; worst case: rendezvous {limits.rendezvous_timeout:g} s, stop "
-            f"{limits.stop_timeout:g} s, exit barrier {limits.exit_barrier_timeout:g} s)"]
-    if shown:
-        from ._params import format_value
-
-        head.append("parameters: " + ", ".join(f"{k}={format_value(v)}"
-                                               for k, v in sorted(shown.items())))
+    values = _values(spec, params)
+    head = [f"{spec.name}: a crash loop (every attempt fails as soon as it starts), "
+            f"max_restarts={limits.max_restarts}",
+            "  fastest: failures seen at once, every call instant, jitter at its low end",
+            f"  slowest: failures seen at the next monitor tick "
+            f"({format_seconds(limits.monitor_interval)}), each rendezvous "
+            f"{format_seconds(limits.rendezvous_timeout)}, each stop "
+            f"{format_seconds(limits.stop_timeout)}, exit barrier "
+            f"{format_seconds(limits.exit_barrier_timeout)}, jitter at its high end"]
+    if values:
+        head.append("  parameters: " + ", ".join(f"{k}={_param_text(spec, k, v)}"
+                                                for k, v in sorted(values.items())))
     rows = [("scenario", "restarts", "gives up after", "outcome", "where the time goes")]
     for b in results:
-        where = ", ".join(f"{k} {format_duration(v)}" for k, v in
+        # A loop that never ends: what one restart costs, on average.
+        per = 1.0 if b.seconds is not None else 1.0 / max(1, b.restarts_made)
+        where = ", ".join(f"{k} {format_duration(v * per)}" for k, v in
                           sorted(b.spent.items(), key=lambda kv: -kv[1]) if v > 0) or "-"
-        rows.append((b.scenario, str(b.restarts), format_duration(b.seconds), b.outcome, where))
+        if b.seconds is None and where != "-":
+            where = "per restart: " + where
+        rows.append((b.scenario, "no limit" if b.restarts is None else str(b.restarts),
+                     format_duration(b.seconds), b.outcome, where))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
              for r in rows]
     return "\n".join([*head, "", *lines])
+
+
+def bounds_json(spec: Spec, results: list[Bound], limits: Limits,
+                params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What ``fsm-agent check --bounds --format json`` prints for one spec (docs/cli.md).
+
+    Seconds are numbers; ``null`` for "never" (and ``restarts`` null: no limit); ``spent``
+    covers the ``simulated`` seconds (for a loop that never ends, where it was stopped).
+    Parameters are given as the command line writes them (``"1s"``, ``"inf"``, ``"[3, 4]"``),
+    because JSON has no infinity.
+    """
+    values = _values(spec, params)
+    return {
+        "name": spec.name,
+        "path": spec.path,
+        "params": {k: _param_text(spec, k, v) for k, v in sorted(values.items())},
+        "limits": attrs.asdict(limits),
+        "scenarios": [{"scenario": b.scenario, "restarts": b.restarts,
+                       "gives_up_after": None if b.seconds is None else round(b.seconds, 6),
+                       "final_state": b.final_state, "exit_code": b.exit_code,
+                       "outcome": b.outcome, "simulated": round(b.simulated, 6),
+                       "restarts_made": b.restarts_made,
+                       "spent": {k: round(v, 6) for k, v in
+                                 sorted(b.spent.items(), key=lambda kv: -kv[1])}}
+                      for b in results],
+    }

@@ -23,6 +23,8 @@ __all__ = [
     "Ref",
     "bind_params",
     "coerce",
+    "format_param",
+    "format_seconds",
     "format_value",
     "kind_of",
     "parse_duration",
@@ -146,6 +148,25 @@ def format_value(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
     return str(value)
+
+
+def format_seconds(value: float) -> str:
+    """Seconds as the spec syntax writes a duration, in the largest whole unit: ``500ms``,
+    ``90s``, ``10m``, ``2h``, ``inf``."""
+    if math.isinf(value):
+        return "inf"
+    for unit, size in (("h", 3600.0), ("m", 60.0)):
+        if value >= 2 * size and (value / size).is_integer():
+            return f"{int(value / size)}{unit}"
+    return f"{round(value * 1000, 3):g}ms" if 0 < value < 1 else f"{value:g}s"
+
+
+def format_param(type_name: str, value: Any) -> str:
+    """A value of a parameter of ``type_name`` as the command line writes it (``--spec-param
+    backoff_max=90s``): durations with their unit, others as :func:`format_value`."""
+    if type_name == "duration" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return format_seconds(float(value))
+    return format_value(value)
 
 
 @attrs.frozen

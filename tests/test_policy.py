@@ -1,7 +1,8 @@
 """The restart-policy constructs of the spec format, run by the engine in virtual time.
 
 Parameters, timers and backoff, sliding restart windows, failure matchers, the failure-policy
-table, states that report another WorkerState, external triggers, and the crash-loop bounds.
+table, states that report another WorkerState and external triggers (crash-loop bounds: in
+test_bounds.py).
 Expected values are worked out here from the parameters, not read back from the engine.
 """
 
@@ -14,7 +15,6 @@ from typing import Any
 import pytest
 
 from fsm_agent import Lifecycle, LifecycleError, SpecError, Step, VirtualClock, parse_spec
-from fsm_agent._bounds import Limits, bounds
 from fsm_agent._params import BadValue, parse_duration, parse_text
 from fsm_agent.testing import RecordingDriver, make_result
 
@@ -268,24 +268,3 @@ def test_a_waiting_state_is_not_monitored() -> None:
     monitors = [c for c in driver.calls if c[0] == "monitor"]
     assert len(monitors) == 2
     assert clock.slept == pytest.approx([0.25, 1.0, 0.25])
-
-
-def test_bounds_of_a_crash_loop() -> None:
-    limits = Limits(max_restarts=3, monitor_interval=0.5)
-    fast, slow = bounds(parse_spec(open_preset("torchrun")), None, limits)
-    assert (fast.restarts, slow.restarts) == (3, 3)
-    assert fast.seconds == pytest.approx(4 * 0.5)  # four first ticks, nothing else takes time
-    # the first rendezvous and the 3 restarts' (stop, rendezvous) at their limits; the give-up's
-    # stop too
-    assert slow.seconds == pytest.approx(4 * 0.5 + 4 * limits.stop_timeout
-                                         + 4 * limits.rendezvous_timeout)
-    fast, _ = bounds(parse_spec(open_preset("resilient")), {"backoff_jitter": 0.1}, limits)
-    assert fast.seconds == pytest.approx(4 * 0.5 + 0.9 * (1 + 2 + 4))
-    _, slow = bounds(parse_spec(open_preset("resilient")), {"restart_window": "5m"}, limits)
-    assert slow.seconds is None  # each restart takes longer than the window: it never gives up
-
-
-def open_preset(name: str) -> str:
-    from fsm_agent._load import resolve_spec_path as _resolve
-
-    return _resolve(name).read_text()

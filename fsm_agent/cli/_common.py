@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .._errors import SpecError
 from .._load import load_spec, preset_names
 from .._spec import Spec
+from .._vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     from .._trace import Trace
@@ -39,12 +40,14 @@ __all__ = [
     "add_spec_option",
     "check_spec_exists",
     "finish_parser",
+    "import_ref",
     "load_spec_arg",
     "make_parser",
     "print_json",
     "run_command",
     "shown",
     "spec_loading_kwargs",
+    "spec_params",
 ]
 
 OK, FAILED, USAGE = 0, 1, 2
@@ -133,32 +136,149 @@ def shown(path: str) -> str:
 # them.
 
 _LOADING_MARK = "_fsm_agent_spec_loading"
+_VOCABULARY_CACHE = "_fsm_agent_vocabulary"
 
 
-def _add_loading_options(parser: Any) -> None:
+def _add_loading_options(parser: Any, params: bool) -> None:
     """Options shared by every spec a command loads; added once per parser.
 
-    Extension point: add ``--spec-param NAME=VALUE`` or ``--vocabulary MODULE:ATTR`` here and read
-    them in :func:`spec_loading_kwargs`.
+    ``--spec-param NAME=VALUE`` (repeatable; only for commands that run or show a spec with
+    parameter values, ``params``) sets a spec parameter, checked against each spec by
+    :func:`spec_params`; ``--vocabulary MODULE:ATTR`` names the ``fsm_agent.Vocabulary`` the
+    spec's guard and action names resolve against (:func:`spec_loading_kwargs`). The user names
+    the module: a spec file itself never causes an import.
     """
+    if params:
+        parser.add_argument(
+            "--spec-param", action="append", dest="spec_params", default=[],
+            metavar="NAME=VALUE",
+            help="set a spec parameter (repeatable): a duration as seconds or with a unit "
+            "(90, 500ms, 5s, 10m), a list as [3,4] or 3,4")
+    parser.add_argument(
+        "--vocabulary", dest="vocabulary", default=None, metavar="MODULE:ATTR",
+        help="import MODULE and use its fsm_agent.Vocabulary ATTR for the spec's guard and "
+        "action names (a spec with guards or actions of its own program)")
+
+
+def import_ref(ref: str, flag: str, example: str = "mypkg.module:NAME") -> Any:
+    """Import ``MODULE:ATTR`` (ATTR may be dotted); a problem is a one-line :class:`UsageError`
+    starting with ``flag``."""
+    import importlib
+
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"{flag} must be MODULE:ATTR (e.g. {example}), got {ref!r}")
+    # As `python -m` does: the current directory's modules are importable.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as e:  # ImportError, or the module itself failing on import
+        raise UsageError(f"{flag} {ref}: cannot import module {module_name!r}: "
+                         f"{type(e).__name__}: {e}") from None
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"{flag} {ref}: module {module_name!r} has no attribute "
+                             f"{attr!r}") from None
+    return obj
+
+
+def _vocabulary(args: argparse.Namespace) -> Vocabulary | None:
+    ref = getattr(args, "vocabulary", None)
+    if not ref:
+        return None
+    cached = getattr(args, _VOCABULARY_CACHE, None)
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    vocab = import_ref(ref, "--vocabulary", "mypkg.lifecycle:VOCABULARY")
+    if not isinstance(vocab, Vocabulary):
+        raise UsageError(f"--vocabulary {ref}: expected a fsm_agent.Vocabulary (for example "
+                         f"fsm_agent.Vocabulary.builtin().extend(guards={{...}})), got "
+                         f"{type(vocab).__name__}")
+    setattr(args, _VOCABULARY_CACHE, vocab)
+    return vocab
 
 
 def spec_loading_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``load_spec`` keyword arguments from the options of :func:`_add_loading_options`."""
-    return {}
+    vocab = _vocabulary(args)
+    return {} if vocab is None else {"vocabulary": vocab}
+
+
+def _param_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """``--spec-param`` as ``{name: text}``; a malformed or repeated one is a UsageError."""
+    out: dict[str, str] = {}
+    for item in getattr(args, "spec_params", None) or ():
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise UsageError(f"--spec-param {item}: expected NAME=VALUE "
+                             "(for example backoff_max=90s)")
+        if name in out:
+            raise UsageError(f"--spec-param {name}: given twice ({out[name]!r} and {value!r})")
+        out[name] = value
+    return out
+
+
+def spec_params(args: argparse.Namespace, spec: Spec, *, max_restarts: int = 3,
+                exit_barrier_timeout: float = 300.0) -> dict[str, Any]:
+    """The values of ``spec``'s parameters in force: defaults and ``--spec-param`` overrides.
+
+    An unknown name, an ill-typed or out-of-range value, or a value a guard or action of the
+    spec cannot use, is a one-line :class:`UsageError` naming the flag, the parameter and the
+    spec. ``max_restarts`` and ``exit_barrier_timeout`` are the agent's settings (specs may refer
+    to them).
+    """
+    from .._params import bind_params
+
+    overrides = _param_overrides(args)
+    for name, text in overrides.items():
+        try:
+            bind_params(spec.params, {name: text}, path=spec.path)
+        except SpecError as e:
+            why = e.problems[0].message if e.problems else str(e)
+            raise UsageError(f"--spec-param {name}={text}: spec {spec.name!r}: {why}") from None
+    values = bind_params(spec.params, overrides, path=spec.path)
+    if overrides:
+        _check_instances(spec, overrides, {**values, "max_restarts": max_restarts,
+                                           "exit_barrier_timeout": float(exit_barrier_timeout)})
+    return values
+
+
+def _check_instances(spec: Spec, overrides: dict[str, str], values: dict[str, Any]) -> None:
+    """The spec's guard and action instances built with ``values``: a value a kind refuses
+    (an exit code of 300, say) is refused here, not when the lifecycle is first built."""
+    vocab = spec.vocabulary
+    for inst in (*spec.guard_defs, *spec.action_defs):
+        kinds = vocab.guard_kinds if inst.role == "guard" else vocab.action_kinds
+        kind = kinds.get(inst.kind)
+        if kind is None:
+            continue
+        try:
+            kind.instantiate(inst.args, values)
+        except (ValueError, TypeError) as e:
+            used = [n for n in overrides if any(getattr(a, "name", None) == n
+                                                for a in inst.args.values())]
+            given = ", ".join(f"{n}={overrides[n]}" for n in used or overrides)
+            raise UsageError(f"--spec-param {given}: spec {spec.name!r}: {inst.role} "
+                             f"{inst.name!r} ({inst.kind}) cannot use it: {e}") from None
 
 
 def add_spec_option(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     *names: str,
     help: str | None = None,
+    params: bool = True,
     **kwargs: Any,
 ) -> argparse.Action:
     """Declare a spec argument: ``--spec`` (default) or a positional name given in ``names``.
 
     Keyword arguments go to ``add_argument`` (``default``, ``nargs``, ``dest``, ``metavar``); an
     option's default is :data:`DEFAULT_SPEC` unless given. The options shared by all spec loads
-    are added to ``parser`` the first time.
+    are added to ``parser`` the first time: ``--vocabulary``, and ``--spec-param`` unless
+    ``params`` is false (a command that never uses parameter values).
     """
     names = names or ("--spec",)
     if names[0].startswith("-"):
@@ -170,7 +290,7 @@ def add_spec_option(
         text += f" (default: {default})"
     action = parser.add_argument(*names, help=text, **kwargs)
     if not getattr(parser, _LOADING_MARK, False):
-        _add_loading_options(parser)
+        _add_loading_options(parser, params)
         setattr(parser, _LOADING_MARK, True)
     return action
 

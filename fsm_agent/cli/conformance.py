@@ -9,10 +9,7 @@ it). No torch import here; the kit imports torch only for a target that needs it
 from __future__ import annotations
 
 import argparse
-import importlib
-import os
 import random
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +18,7 @@ from ._common import (
     OK,
     UsageError,
     add_spec_option,
+    import_ref,
     load_spec_arg,
     make_parser,
     run_command,
@@ -57,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = make_parser(PROG, _DESCRIPTION, EXAMPLES)
     p.add_argument("target", metavar="MODULE:ATTR",
                    help="the supervisor to check, e.g. mypkg.agent:MyAgent")
-    add_spec_option(p)
+    # The kit runs a spec with its parameters' defaults: no --spec-param.
+    add_spec_option(p, params=False)
     p.add_argument("--examples", type=int, default=200, metavar="N",
                    help="generated scripts to run (default: 200)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
@@ -69,23 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_target(ref: str) -> Any:
     """Import ``MODULE:ATTR`` (ATTR may be dotted); raise ``UsageError`` with a clear message."""
-    module_name, sep, attr = ref.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"TARGET must be MODULE:ATTR (e.g. mypkg.agent:MyAgent), got {ref!r}")
-    # As `python -m` does: the current directory's modules are importable.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as e:  # ImportError, or the module itself failing on import
-        raise UsageError(f"cannot import module {module_name!r}: {type(e).__name__}: {e}") \
-            from None
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise UsageError(f"{module_name!r} has no attribute {attr!r}") from None
-    return obj
+    return import_ref(ref, "TARGET", "mypkg.agent:MyAgent")
 
 
 def _conformance(argv: list[str]) -> int:

@@ -13,7 +13,15 @@ from .._engine import Lifecycle, Step
 from .._errors import WorkerGroupFailureException
 from .._spec import STATE_NAMES
 from ..testing import RecordingDriver
-from ._common import FAILED, OK, add_spec_option, load_spec_arg, make_parser, run_command
+from ._common import (
+    FAILED,
+    OK,
+    add_spec_option,
+    load_spec_arg,
+    make_parser,
+    run_command,
+    spec_params,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -90,6 +98,7 @@ def _demo(argv: list[str]) -> int:
         max_restarts=args.max_restarts,
         exit_barrier_timeout=1.0,
         listeners=[_print_step],
+        params=spec_params(args, spec, max_restarts=args.max_restarts, exit_barrier_timeout=1.0),
     )
     print(f"spec {spec.name} ({spec.path}), max_restarts={args.max_restarts}")
     try:

@@ -23,6 +23,7 @@ from ._common import (
     read_trace_arg,
     run_command,
     spec_for_trace,
+    spec_params,
 )
 
 if TYPE_CHECKING:
@@ -75,9 +76,9 @@ def _diagram(argv: list[str]) -> int:
     if args.check and not args.all:
         raise UsageError("--check goes with --all")
     if args.all:
-        if args.spec or args.trace or args.format:
+        if args.spec or args.trace or args.format or args.spec_params:
             raise UsageError("--all draws every built-in spec as .mmd and .svg; it takes no "
-                             "SPEC, --trace or --format")
+                             "SPEC, --trace, --format or --spec-param")
         outdir = args.output or DIAGRAMS_DIR
         specs = [load_spec_arg(args, name) for name in preset_names()]
         try:
@@ -131,6 +132,7 @@ def _diagram(argv: list[str]) -> int:
                       f"{r.trace.incomplete}", file=sys.stderr)
     else:
         spec = load_spec_arg(args, args.spec or DEFAULT_SPEC, flag="SPEC")
+    spec_params(args, spec)
 
     try:
         out = render(spec, fmt, highlight)

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         PROG, "List the transitions, state actions, outcomes and metrics that differ from "
         "SPEC_A to SPEC_B (descriptions are not compared). Exit 0 when they behave the same, 1 "
         "when they differ, 2 on bad input.", EXAMPLES)
-    add_spec_option(parser, "spec_a", metavar="SPEC_A", help="spec file or preset name")
+    add_spec_option(parser, "spec_a", metavar="SPEC_A", help="spec file or preset name",
+                    params=False)
     add_spec_option(parser, "spec_b", metavar="SPEC_B", help="spec file or preset name")
     add_format_option(parser)
     return parser

@@ -20,6 +20,7 @@ from ._common import (
     run_command,
     shown,
     spec_for_trace,
+    spec_params,
 )
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def _replay(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     traces = read_trace_arg(args.trace)
     spec = spec_for_trace(args, args.trace, traces, args.spec)
+    spec_params(args, spec)
     results = [replay(spec, trace) for trace in traces]
     bad = sum(1 for r in results if not r.ok)
     if args.format == "json":

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the HTML report here (default: report.html; - for stdout)")
     parser.add_argument("--format", choices=("html", "text"), default=None,
                         help="html (default with -o) or text (the summary, on stdout)")
-    add_spec_option(parser, "--spec", default=None,
+    add_spec_option(parser, "--spec", default=None, params=False,
                     help="spec file or preset name (default: the one each trace names)")
     return parser
 

@@ -31,6 +31,7 @@ from ._common import (
     add_spec_option,
     finish_parser,
     load_spec_arg,
+    spec_params,
 )
 
 __all__ = ["build_parser", "main"]
@@ -169,6 +170,18 @@ def _trace_listener(
         raise UsageError(f"--trace {path}: {e.strerror or e}") from e
 
 
+def _failure_exit_code(ref: _AgentRef) -> int:
+    """1 as torchrun, or the code the spec asked for on giving up (``set_exit_code``: the
+    ``resilient`` preset's ``no_requeue_exit_code``, which tells a scheduler not to requeue)."""
+    lifecycle = getattr(ref.agent, "lifecycle", None)
+    code = getattr(lifecycle, "exit_code", None)
+    if lifecycle is not None and isinstance(code, int) and 0 < code < 256:
+        print(f"{PROG}: exit code {code}, as spec {lifecycle.spec.name!r} asked on giving up",
+              file=sys.stderr)
+        return code
+    return FAILED
+
+
 def _configure_logging() -> None:
     # torch's elastic loggers honour LOGLEVEL (default WARNING); ours follow the same switch.
     level = os.environ.get("LOGLEVEL", "WARNING").upper()
@@ -198,19 +211,21 @@ def main(argv: Sequence[str]) -> int:
         return USAGE
     _configure_logging()
     closers: list[Callable[[], None]] = []
+    ref = _AgentRef()
     try:
         try:
             lifecycle_spec = load_spec_arg(args, args.lifecycle_spec, flag="--spec")
         except SpecError as e:
             # the first problem, on one line; `fsm-agent check` lists every one.
             raise UsageError(f"--spec: {e.problems[0] if e.problems else e}") from e
+        params = spec_params(args, lifecycle_spec, max_restarts=args.max_restarts,
+                             exit_barrier_timeout=args.exit_barrier_timeout)
         _prepare(args)
         try:
             config, cmd, cmd_args = config_from_args(args)
         except (AssertionError, ValueError, RuntimeError, OSError) as e:
             # OSError: torch makes --log-dir here (a race with the check in _runargs).
             raise UsageError(str(e)) from e
-        ref = _AgentRef()
         listeners = []
         if args.trace:
             writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref, args)
@@ -226,6 +241,7 @@ def main(argv: Sequence[str]) -> int:
                 exit_barrier_timeout=args.exit_barrier_timeout,
                 listeners=listeners,
                 on_agent=lambda agent: setattr(ref, "agent", agent),
+                lifecycle_params=params,
             )
 
         # torchrun's main is @record: the root cause's error file is copied to the launcher's
@@ -237,7 +253,7 @@ def main(argv: Sequence[str]) -> int:
         return e.code
     except ChildFailedError as e:
         print(e.format_msg(), file=sys.stderr)
-        return FAILED
+        return _failure_exit_code(ref)
     except SignalException as e:
         name = signal.Signals(e.sigval).name
         print(f"{PROG}: received {name}; workers stopped", file=sys.stderr)

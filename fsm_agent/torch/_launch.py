@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,19 +33,24 @@ def launch(
     exit_barrier_timeout: float = 300.0,
     listeners: Sequence[Listener] = (),
     on_agent: Callable[[FSMElasticAgent], None] | None = None,
+    lifecycle_params: Mapping[str, Any] | None = None,
 ) -> dict[int, Any]:
     """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
 
     ``config``, ``entrypoint`` and ``args`` are what torch's ``elastic_launch`` takes: a
     ``LaunchConfig``, then a script or executable path (``args``: its arguments) or a function
     (``args``: its positional arguments), the return values keyed by global rank.
-    ``lifecycle_spec``: a preset name, a spec file or a loaded ``Spec``. ``listeners`` receive
-    every transition (for example a trace writer, ``fsm_agent.trace.open_trace``). ``on_agent`` is
-    called with the agent once it is built, before it runs.
+    ``lifecycle_spec``: a preset name, a spec file or a loaded ``Spec``; ``lifecycle_params``:
+    values for its ``params`` (a bad one is a ``SpecError`` before anything starts).
+    ``listeners`` receive every transition (for example a trace writer,
+    ``fsm_agent.trace.open_trace``). ``on_agent`` is called with the agent once it is built,
+    before it runs.
 
     Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
     error-file handling of ``@record`` apply), ``SignalException`` on a termination signal.
+    The exit code the spec asked for on failure (``set_exit_code``: the ``resilient`` preset's
+    ``no_requeue_exit_code``) is ``agent.lifecycle.exit_code`` (``on_agent`` gives the agent).
     """
     from torch.distributed.elastic import events, metrics
     from torch.distributed.elastic.agent.server.api import WorkerSpec
@@ -102,6 +107,7 @@ def launch(
         shutdown_timeout=config.shutdown_timeout,
         lifecycle_spec=lifecycle_spec,
         listeners=listeners,
+        lifecycle_params=lifecycle_params,
     )
     if on_agent is not None:
         on_agent(agent)

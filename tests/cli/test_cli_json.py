@@ -32,12 +32,13 @@ def test_check_json_lists_every_problem_of_every_spec(capsys: pytest.CaptureFixt
     good, *bad = data["specs"]
     assert good == {"spec": "torchrun", "ok": True, "name": "torchrun",
                     "path": load_spec("torchrun").path, "states": 7,
-                    "transitions": len(list(load_spec("torchrun").edges())), "problems": []}
+                    "transitions": len(list(load_spec("torchrun").edges())), "problems": [],
+                    "params": {}}
     assert [b["spec"] for b in bad] == list(map(str, BAD))
     for path, entry in zip(BAD, bad, strict=True):
         with pytest.raises(SpecError) as e:
             load_spec(path)
-        assert entry["ok"] is False and entry["name"] is None
+        assert entry["ok"] is False and entry["name"] is None and entry["params"] is None
         assert entry["problems"] == [{"path": p.path, "line": p.line, "element": p.element,
                                       "message": p.message} for p in e.value.problems]
 
