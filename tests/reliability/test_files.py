@@ -437,8 +437,9 @@ def test_a_short_write_at_the_size_limit_then_the_marker_once_room_is_back(
         writer = JsonlTraceWriter({str(path)!r}, spec="torchelastic")
         writer(Step("start", "INIT", 1.0, 1.0, "default", dest="HEALTHY"))
         for i in range(20):
+            # alternating guard values: steps that differ are never folded into one record
             writer(Step("healthy", "HEALTHY", 2.0 + i, 2.0 + i, "default", dest="HEALTHY",
-                        guards=[("nodes_waiting", False)], observed="HEALTHY"))
+                        guards=[("nodes_waiting", i % 2 == 0)], observed="HEALTHY"))
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
         writer.close()
         print(writer.failure)
