@@ -665,7 +665,7 @@ class _Shape:
                 continue
             if name is not None:
                 rules.append(RuleSpec(name=name, when=when, then=then, index=i,
-                                      line=self.line(w)))
+                                      line=self.line(w), description=self._text(body, w)))
         used = {r.then for r in rules}
         if any(outcomes[o].restarts for o in used):
             used.add("give_up")  # where a restart goes when the budget is spent

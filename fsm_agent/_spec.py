@@ -193,6 +193,7 @@ class RuleSpec:
     then: str
     index: int
     line: int | None = None
+    description: str = ""
 
 
 @attrs.frozen
