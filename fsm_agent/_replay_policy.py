@@ -24,7 +24,7 @@ from ._errors import SpecError
 from ._params import Ref, bind_params, format_value
 from ._spec import TIMEOUT_TRIGGER, BackoffSpec, Spec, TimeoutSpec
 from ._spec import TransitionSpec as Transition
-from ._trace import Trace, TraceRecord
+from ._trace import Trace, TraceRecord, param_text
 
 __all__ = ["PolicyCheck", "seconds"]
 
@@ -154,7 +154,7 @@ class PolicyCheck:
     @property
     def params(self) -> dict[str, str]:
         """The spec's parameters in force, in the spec's syntax."""
-        return {p.name: format_value(self.values[p.name]) for p in self.spec.params
+        return {p.name: param_text(p.type, self.values[p.name]) for p in self.spec.params
                 if p.name in self.values}
 
     @property

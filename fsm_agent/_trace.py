@@ -479,8 +479,23 @@ def _params_in_force(spec: Spec | str | None, params: Mapping[str, Any] | None) 
     if spec is None or isinstance(spec, str):
         # Nothing to merge with: what the caller says, as it says it.
         return {str(k): format_value(v) for k, v in (params or {}).items()}
-    return {k: format_value(v) for k, v in bind_params(spec.params, params,
-                                                       path=spec.path).items()}
+    types = {p.name: p.type for p in spec.params}
+    return {k: param_text(types[k], v) for k, v in bind_params(spec.params, params,
+                                                               path=spec.path).items()}
+
+
+def param_text(type_name: str, value: Any) -> str:
+    """A parameter's value in the spec's syntax, exactly: ``10m`` when the unit says it without
+    losing anything, else plain seconds (``600.125``), so that replay reads back what ran."""
+    from ._params import BadValue, format_param, format_value, parse_text
+
+    text = format_param(type_name, value)
+    try:
+        if parse_text(type_name, text) == value:
+            return text
+    except BadValue:
+        pass
+    return format_value(value)
 
 
 def _dumps(record: Mapping[str, Any]) -> str:

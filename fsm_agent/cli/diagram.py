@@ -170,8 +170,9 @@ def _merge(hs: Sequence[Highlight]) -> Highlight:
             extra[move] = (extra.get(move, (0, why))[0] + n, why)
         visited |= h.visited
     notes = "; ".join(h.note for h in hs if h.note)
+    # The parameters of the last lifecycle: the one whose final state is drawn.
     return Highlight(counts, extra, frozenset(visited), hs[-1].final,
-                     f"{len(hs)} lifecycles" + (f"; {notes}" if notes else ""))
+                     f"{len(hs)} lifecycles" + (f"; {notes}" if notes else ""), hs[-1].params)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -64,9 +64,9 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
     header = lines(path)[0]
     # Every parameter in force, in the spec's syntax: the defaults and the three set.
     assert header["params"] == {"no_retry_exit_codes": "[]", "no_requeue_exit_code": "93",
-                                "backoff_initial": "2", "backoff_factor": "3",
-                                "backoff_max": "10", "backoff_jitter": "0",
-                                "backoff_reset": "600", "restart_window": "inf"}
+                                "backoff_initial": "2s", "backoff_factor": "3",
+                                "backoff_max": "10s", "backoff_jitter": "0",
+                                "backoff_reset": "10m", "restart_window": "inf"}
     recs = steps(path)
     failed = [r for r in recs if r["trigger"] == "failed"]
     assert [(r["dest"], r["rule"]) for r in failed] == [("BACKOFF", "retry")] * 3 + [
@@ -78,7 +78,7 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
     assert all(r["timer"] is None for r in recs if r["dest"] != "BACKOFF")
     res = replayed(path)
     assert res.ok, res.divergence
-    assert res.params["backoff_initial"] == "2"
+    assert res.params["backoff_initial"] == "2s"
 
 
 def test_a_jittered_backoff_replays(tmp_path: Path) -> None:
