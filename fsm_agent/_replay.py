@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import attrs
 
@@ -291,8 +292,12 @@ def _check_step(
     return chosen, None
 
 
-def replay(spec: Spec, trace: Trace) -> ReplayResult:
-    """Check ``trace`` (one lifecycle) against ``spec``; stops at the first divergence."""
+def replay(spec: Spec, trace: Trace, *, params: Mapping[str, Any] | None = None
+           ) -> ReplayResult:
+    """Check ``trace`` (one lifecycle) against ``spec``; stops at the first divergence.
+
+    ``params``: the spec's parameters the run used, in place of those its header records (for
+    a trace written without them); the spec's defaults fill in the rest."""
     counts: Counter[tuple[int, str]] = Counter()
     extra: dict[tuple[str, str, str], tuple[int, str]] = {}
     state = spec.initial
@@ -301,7 +306,7 @@ def replay(spec: Spec, trace: Trace) -> ReplayResult:
     always_states = {src for trig, src, _, _ in spec.edges() if trig == ALWAYS_TRIGGER}
     finished = False
     checked = 0
-    policy = PolicyCheck(spec, trace)
+    policy = PolicyCheck(spec, trace, params)
     window = policy.window is not None and not math.isinf(policy.window)
 
     def result(div: Divergence | None) -> ReplayResult:

@@ -118,11 +118,12 @@ class PolicyCheck:
     ``problem`` is set when the trace's header records parameters the spec cannot take.
     """
 
-    def __init__(self, spec: Spec, trace: Trace) -> None:
+    def __init__(self, spec: Spec, trace: Trace, params: Mapping[str, Any] | None = None
+                 ) -> None:
         self.spec = spec
         self.problem: str | None = None
         self.values: dict[str, Any] = dict(spec.defaults)
-        recorded = trace.params
+        recorded: Mapping[str, Any] | None = trace.params if params is None else params
         if recorded:
             # Parameters the spec does not declare belong to the spec the trace was recorded
             # with (replayed here against another); only the spec's own are bound.
@@ -131,7 +132,8 @@ class PolicyCheck:
                 self.values = bind_params(spec.params, {k: v for k, v in recorded.items()
                                                          if k in known}, path=spec.path)
             except SpecError as e:
-                self.problem = (f"the trace header's parameters do not fit spec {spec.name!r}: "
+                whose = "the trace header's" if params is None else "the given"
+                self.problem = (f"{whose} parameters do not fit spec {spec.name!r}: "
                                 + "; ".join(p.message for p in e.problems))
         first = trace.records[0] if trace.records else None
         if first is not None and "continues" not in trace.header and first.trigger == "start":

@@ -132,10 +132,11 @@ def _diagram(argv: list[str]) -> int:
                       f"{r.trace.incomplete}", file=sys.stderr)
     else:
         spec = load_spec_arg(args, args.spec or DEFAULT_SPEC, flag="SPEC")
-    spec_params(args, spec)
+    values = spec_params(args, spec)
 
     try:
-        out = render(spec, fmt, highlight)
+        # --spec-param: draw these values as in force (over a trace's own, if any).
+        out = render(spec, fmt, highlight, values if args.spec_params else None)
     except DiagramEngineMissing as e:
         raise UsageError(str(e)) from None
     data = out.encode("utf-8") if isinstance(out, str) else out

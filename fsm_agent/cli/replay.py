@@ -82,8 +82,10 @@ def _replay(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     traces = read_trace_arg(args.trace)
     spec = spec_for_trace(args, args.trace, traces, args.spec)
-    spec_params(args, spec)
-    results = [replay(spec, trace) for trace in traces]
+    values = spec_params(args, spec)
+    # --spec-param: the values the run used, in place of what the trace header says.
+    given = values if args.spec_params else None
+    results = [replay(spec, trace, params=given) for trace in traces]
     bad = sum(1 for r in results if not r.ok)
     if args.format == "json":
         print_json("replay", {

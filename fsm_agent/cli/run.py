@@ -159,13 +159,15 @@ class _AgentRef:
 
 
 def _trace_listener(
-    path: str, spec: Any, run_id: str | None, ref: _AgentRef, args: argparse.Namespace
+    path: str, spec: Any, run_id: str | None, ref: _AgentRef, args: argparse.Namespace, *,
+    params: dict[str, Any] | None = None,
 ) -> TraceWriter:
-    """A trace writer for ``--trace FILE``: the engine calls it after every transition."""
+    """A trace writer for ``--trace FILE``: the engine calls it after every transition. Its
+    header records ``params``, the spec's parameters the agent runs with."""
     try:
         return TraceWriter(path, spec=spec, dynamic=ref.fields, node=socket.gethostname(),
                            pid=os.getpid(), run_id=run_id, max_bytes=args.trace_max_size,
-                           backups=args.trace_backups)
+                           backups=args.trace_backups, params=params)
     except OSError as e:
         raise UsageError(f"--trace {path}: {e.strerror or e}") from e
 
@@ -228,7 +230,8 @@ def main(argv: Sequence[str]) -> int:
             raise UsageError(str(e)) from e
         listeners = []
         if args.trace:
-            writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref, args)
+            writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref, args,
+                                     params=params)
             listeners.append(writer)
             closers.append(writer.close)
 

@@ -225,3 +225,14 @@ def test_png_of_resilient_renders() -> None:
     pytest.importorskip("pygraphviz")
     png = render(load_spec("resilient"), "png")
     assert isinstance(png, bytes) and png.startswith(b"\x89PNG")
+
+
+def test_cli_spec_param_draws_the_values_given(capsys) -> None:
+    assert diagram_main(["resilient", "--spec-param", "backoff_max=2m",
+                         "--spec-param", "restart_window=2h"]) == 0
+    lines = _lines(capsys.readouterr().out)
+    assert "parameters (in force)" in lines
+    assert "backoff_max = 2m" in lines and "restart_window = 2h" in lines
+    assert "restart budget - --max-restarts within any restart_window = 2h" in lines
+    assert diagram_main(["resilient", "--spec-param", "backoff_max=soon"]) == 2
+    assert "expected a duration" in capsys.readouterr().err

@@ -271,3 +271,54 @@ def test_the_writer_refuses_parameters_the_spec_does_not_have(tmp_path: Path) ->
     with pytest.raises(SpecError, match="unknown parameter 'nope'"):
         JsonlTraceWriter(tmp_path / "t.jsonl", spec=load_spec("resilient"), params={"nope": 1})
     assert not (tmp_path / "t.jsonl").exists()
+
+
+@pytest.fixture
+def jobs(tmp_path: Path):
+    """Real ``fsm-agent run`` jobs of the reliability tests' worker; fails on any leftover."""
+    from fsm_test_procs import Jobs, jobs_fixture
+
+    yield from jobs_fixture(Jobs(tmp_path, shutdown_timeout=3, default_script=WORKER))
+
+
+WORKER = ROOT / "tests" / "reliability" / "scripts" / "worker.py"
+
+
+@pytest.mark.timeout(120)
+def test_a_real_run_records_parameters_rules_and_backoffs_that_replay_checks(
+        jobs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fsm-agent run --spec resilient --spec-param ... --trace``: rank 1 fails the first two
+    attempts; the header has the parameters given, each failure names rule ``retry`` and a
+    backoff of 0.2 s then 0.4 s (jitter 0), and the trace replays."""
+    from fsm_test_procs import FAST
+
+    trace = tmp_path / "trace.jsonl"
+    job = jobs.start(["--standalone", "--nproc-per-node", "2", *FAST, "--max-restarts", "2",
+                      "--spec", "resilient", "--spec-param", "backoff_initial=200ms",
+                      "--spec-param", "backoff_jitter=0", "--trace", str(trace)],
+                     env={"FAIL_RANK": "1", "FAIL_ATTEMPTS": "0,1", "FAIL_HOW": "exit:7"})
+    assert job.wait(100) == 0, job.output
+    header, *records = lines(trace)
+    assert header["params"]["backoff_initial"] == "200ms"
+    assert header["params"]["backoff_jitter"] == "0"
+    assert header["params"]["backoff_max"] == "60s"  # the default, recorded too
+    decided = [r for r in records if r.get("rule") is not None]
+    assert [(r["dest"], r["rule"], r["timer"]) for r in decided] == [
+        ("BACKOFF", "retry", 0.2), ("BACKOFF", "retry", 0.4)]
+    assert [r["trigger"] for r in records if r["source"] == "BACKOFF"] == ["timeout"] * 2
+    assert replay_main([str(trace)]) == 0, capsys.readouterr().out
+    assert "parameters: " in capsys.readouterr().out
+
+
+def test_replay_cli_takes_the_parameters_a_trace_does_not_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "t.jsonl"
+    record(path, ["FAILED", "SUCCEEDED"], spec=POLICY_SPEC, params={"pause": "2500ms"})
+    bare = mutate(path, lambda rs: rs[0].pop("params"))
+    # Without the header's values, the spec's default (1s) does not fit the 2.5 s timer ...
+    assert replay_main([str(bare), "--spec", str(POLICY_SPEC)]) == 1
+    assert "its timeout is pause = 1 s" in capsys.readouterr().out
+    # ... with the value the run used, it does.
+    assert replay_main([str(bare), "--spec", str(POLICY_SPEC), "--spec-param",
+                        "pause=2.5s"]) == 0
+    assert "parameters: codes=[3], pause=2.5s" in capsys.readouterr().out
