@@ -79,6 +79,7 @@ class TorchDriver:
         #: Set by the agent: stands in for ``_monitor_workers`` when the last look must still
         #: stand (``fsm_agent.torch._tick``); ``None``: every tick looks, as torch's loop.
         self.quiet: QuietTicks | None = None
+        self._group_world_size: int | None = None  # of the last rendezvous round
 
     @property
     def worker_group(self) -> WorkerGroup:
@@ -105,6 +106,7 @@ class TorchDriver:
         if self.isolation is not None:
             self.isolation.before_rendezvous(group)
         self.agent._rendezvous(group)
+        self._group_world_size = group.group_world_size
         if self.isolation is not None:
             restart_count = group.spec.max_restarts - self.agent._remaining_restarts
             self.isolation.apply(group, restart_count)
@@ -180,13 +182,19 @@ class TorchDriver:
 
         self.sync_counters()
         group = self.worker_group
+        # the last round's size: some agents' _stop_workers clear the group's rendezvous info
+        # (torch's api_test agent does), and the torchelastic preset meets at the barrier after
+        # stopping the workers
+        world_size = group.group_world_size or self._group_world_size
+        if not world_size:
+            raise RuntimeError("exit barrier: the worker group never completed a rendezvous")
         # LocalElasticAgent's health check reports "alive" while this flag is set.
         self.agent._in_exit_barrier = True
         try:
             # torch's store barrier blocks signals for the whole timeout; same keys.
             interruptible_barrier(
                 store=self.agent._store,
-                world_size=group.group_world_size,
+                world_size=world_size,
                 key_prefix=_TERMINAL_STATE_SYNC_ID,
                 timeout=timeout,
             )

@@ -17,7 +17,7 @@ import pytest
 import upstream_workers as workers
 from fsm_test_procs import TOKEN_VAR, free_port, kill_leftovers
 
-__all__ = ["Procs", "endpoint", "listening_ports", "procs"]
+__all__ = ["Procs", "endpoint", "free_port", "listening_ports", "procs"]
 
 _PRELOAD = workers.PRELOAD
 
@@ -76,11 +76,15 @@ class Procs:
         finally:
             spec.rdzv_handler.shutdown()
 
-    def start_agents(self, confs: Sequence[workers.AgentConf]) -> tuple[list[Any], Any]:
-        """One agent process per conf (forked from the preloaded forkserver); ``(procs, queue)``."""
-        results = self.ctx.Queue()
+    def start_agents(self, confs: Sequence[workers.AgentConf], results: Any = None,
+                     first_index: int = 0) -> tuple[list[Any], Any]:
+        """One agent process per conf (forked from the preloaded forkserver), reporting on
+        ``results`` (a new queue unless given) as ``first_index``, ``first_index + 1``, ...;
+        ``(processes, queue)``."""
+        if results is None:
+            results = self.ctx.Queue()
         started = []
-        for i, conf in enumerate(confs):
+        for i, conf in enumerate(confs, start=first_index):
             p = self.ctx.Process(target=_agent_entry, args=(conf, results, i, self.token))
             p.start()
             self.children.append(p)
@@ -89,7 +93,7 @@ class Procs:
 
     def run_job(self, confs: Sequence[workers.AgentConf], timeout: float = 60
                 ) -> dict[str, list[Any]]:
-        """torch's ``run_job``: every agent in its own process; results by role, in conf order."""
+        """torch's ``run_job``: every agent in its own process; outcomes by role, in conf order."""
         started, results = self.start_agents(confs)
         return self.collect(started, results, timeout)
 

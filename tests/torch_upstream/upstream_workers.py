@@ -8,7 +8,6 @@ importable without pytest. A unique module name: several test directories exist 
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -22,8 +21,10 @@ import torch.distributed as dist
 #: What the forkserver imports once for all the processes it forks. Python 3.11's forkserver
 #: ignores the parent's sys.path when it preloads, so this module itself may not load there; the
 #: installed packages do, and they are the cost (torch: about a second per process otherwise).
+#: torch._dynamo too: torch's log formatter imports it (4 s) the first time it formats an
+#: exception, which an agent does when a function worker fails.
 PRELOAD = ["__main__", "torch", "torch.distributed", "torch.distributed.elastic.multiprocessing",
-           "fsm_agent.torch", __name__]
+           "fsm_agent.torch", "torch._dynamo", __name__]
 
 # torch's local_elastic_agent_test: the worker functions -------------------------------------
 
@@ -82,6 +83,12 @@ def dist_sum(wait: float = 0) -> int:
     finally:
         dist.destroy_process_group()
     return rank
+
+
+def dist_sum_verbose() -> int:
+    """``dist_sum``, saying so on stdout first (for the log-line prefix)."""
+    print(f"summing on rank {os.environ['RANK']}", flush=True)
+    return dist_sum()
 
 
 def sleep(sleep_sec: float) -> int:
@@ -173,6 +180,9 @@ class AgentConf:
     log_dir: str = ""
     rdzv_configs: dict[str, Any] | None = None
     rank: int | None = None  # the static backend's node rank
+    output: str = ""  # a file for the agent process' stdout and stderr (and its workers')
+    torch_agent: bool = False  # torch's LocalElasticAgent instead (to compare)
+    start_method: str = "forkserver"
 
 
 def worker_spec(conf: AgentConf) -> Any:
@@ -200,27 +210,63 @@ def make_agent(conf: AgentConf, spec: Any, **kwargs: Any) -> Any:
 
     from fsm_agent.torch import FSMElasticAgent
 
-    return FSMElasticAgent(
-        spec,
-        logs_specs=DefaultLogsSpecs(log_dir=conf.log_dir or None, tee=Std(conf.tee)),
-        start_method="forkserver",
-        exit_barrier_timeout=conf.exit_barrier_timeout,
-        log_line_prefix_template=conf.log_line_prefix_template,
-        lifecycle_spec=conf.lifecycle_spec,
-        **kwargs,
-    )
+    common = {
+        "logs_specs": DefaultLogsSpecs(log_dir=conf.log_dir or None, tee=Std(conf.tee)),
+        "start_method": conf.start_method,
+        "exit_barrier_timeout": conf.exit_barrier_timeout,
+        "log_line_prefix_template": conf.log_line_prefix_template,
+    }
+    if conf.torch_agent:
+        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+        return LocalElasticAgent(spec, **common, **kwargs)
+    return FSMElasticAgent(spec, lifecycle_spec=conf.lifecycle_spec, **common, **kwargs)
+
+
+@dataclass
+class AgentOutcome:
+    """What an agent process reports: its result (or error) and its restart bookkeeping."""
+
+    result: Any  # RunResult, or "Type: message" if run() raised
+    remaining_restarts: int
+    restart_count: int  # failure restarts (the lifecycle's count)
+    rounds: int  # rendezvous rounds joined (first one included)
+    elapsed: float
 
 
 def agent_main(conf: AgentConf, results: Any, index: int) -> None:
-    """Run one agent; put ``(index, role, RunResult or exception text)`` on ``results``."""
-    # this process' own forkserver (a child of a forkserver does not reuse its parent's)
-    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    """Run one agent; put ``(index, role, AgentOutcome)`` on ``results``."""
+    # Workers are forked from this agent process, which has torch loaded already: its own
+    # forkserver would import torch again (a second per agent; a forked child of a forkserver
+    # does not reuse its parent's). The agent's threads (store, keep-alive) are idle then.
+    conf.start_method = "fork"
+    if conf.output:
+        # a forked agent inherits the forkserver's stdout, not the test's
+        fd = os.open(conf.output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     spec = worker_spec(conf)
     agent = make_agent(conf, spec)
+    rounds = 0
+    real_rendezvous = agent._rendezvous
+
+    def counting_rendezvous(group: Any) -> None:
+        nonlocal rounds
+        rounds += 1
+        real_rendezvous(group)
+
+    agent._rendezvous = counting_rendezvous
+    start = time.monotonic()
     try:
         result: Any = agent.run()
     except Exception as e:
         result = f"{type(e).__name__}: {e}"
     finally:
         spec.rdzv_handler.shutdown()
-    results.put((index, conf.role, result))
+    lifecycle = getattr(agent, "lifecycle", None)
+    results.put((index, conf.role, AgentOutcome(
+        result=result, remaining_restarts=agent._remaining_restarts,
+        restart_count=lifecycle.restart_count if lifecycle is not None else 0,
+        rounds=rounds, elapsed=time.monotonic() - start,
+    )))
