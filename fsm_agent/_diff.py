@@ -1,8 +1,14 @@
-"""What differs in behaviour between two specs: transitions, state actions, outcomes, metrics.
+"""What differs in behaviour between two specs: transitions, state actions, outcomes, metrics,
+and the restart-policy constructs (``_diff_policy``: rules, timers, parameters, the budget, the
+spec's own guards and actions, reported states).
 
 Transitions are compared edge by edge, one (source, trigger, guards) at a time, so two specs
 that group the same edges into different YAML entries (a list of triggers against one entry per
-trigger) do not differ. Descriptions and line numbers are not behaviour and are not compared.
+trigger) do not differ. When both specs have a failure-policy table, the transitions it compiles
+into are compared as rules (by name, in order) instead; when only one has one, they are compared
+edge by edge like the others (the same behaviour written as plain transitions does not differ),
+and the table is listed as added or removed. Descriptions and line numbers are not behaviour and
+are not compared.
 """
 
 from __future__ import annotations
@@ -11,22 +17,10 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
+from ._diff_policy import Change, other_changes, policy_changes, state_details, state_text
 from ._spec import Spec, StateSpec
 
 __all__ = ["Change", "SpecDiff", "diff_specs", "format_diff"]
-
-
-@attrs.frozen
-class Change:
-    """One difference. ``kind`` is ``added``, ``removed`` or ``changed``; ``element`` says of what
-    (``transition``, ``state``, ``metric``, ``trigger``); ``details`` are plain-words lines."""
-
-    kind: str
-    element: str
-    name: str
-    details: tuple[str, ...] = ()
-    line_a: int | None = None
-    line_b: int | None = None
 
 
 @attrs.frozen
@@ -52,6 +46,7 @@ class _Edge:
     actions: tuple[str, ...]
     after: tuple[str, ...]
     line: int | None
+    rule: str | None = None
 
     @property
     def condition(self) -> tuple[frozenset[str], frozenset[str]]:
@@ -63,7 +58,8 @@ class _Edge:
 
     def name(self) -> str:
         cond = f" {self.cond_text()}" if self.guards or self.unless else ""
-        return f"{self.source} --{self.trigger}{cond}--> {self.dest}"
+        rule = f" (rule {self.rule})" if self.rule else ""
+        return f"{self.source} --{self.trigger}{cond}--> {self.dest}{rule}"
 
     def effect(self) -> str:
         parts = []
@@ -74,9 +70,10 @@ class _Edge:
         return " ".join(parts)
 
 
-def _edges(spec: Spec) -> list[_Edge]:
-    return [_Edge(source, trigger, t.guards, t.unless, dest, t.actions, t.after, t.line)
-            for trigger, source, dest, t in spec.edges()]
+def _edges(spec: Spec, *, rules: bool) -> list[_Edge]:
+    """The spec's edges; with ``rules`` false, without those its failure policy compiles into."""
+    return [_Edge(source, trigger, t.guards, t.unless, dest, t.actions, t.after, t.line, t.rule)
+            for trigger, source, dest, t in spec.edges() if rules or t.rule is None]
 
 
 def _list_change(what: str, old: Sequence[str], new: Sequence[str]) -> list[str]:
@@ -119,8 +116,9 @@ def _state_changes(a: Spec, b: Spec) -> list[Change]:
         sa = next((s for s in a.states if s.name == name), None)
         sb = next((s for s in b.states if s.name == name), None)
         if sa is None or sb is None:
-            out.append(Change("added" if sa is None else "removed", "state", name, (),
-                              sa.line if sa else None, sb.line if sb else None))
+            what = state_text(b, sb) if sb is not None else state_text(a, sa) if sa else []
+            out.append(Change("added" if sa is None else "removed", "state", name,
+                              tuple(what), sa.line if sa else None, sb.line if sb else None))
             continue
         details = []
         for flag in ("initial", "final"):
@@ -132,13 +130,17 @@ def _state_changes(a: Spec, b: Spec) -> list[Change]:
             oa, ob = _outcome(a, sa), _outcome(b, sb)
             if oa != ob:
                 details.append(f"outcome: {oa} -> {ob}")
+        details += state_details(a, sa, b, sb)
         if details:
             out.append(Change("changed", "state", name, tuple(details), sa.line, sb.line))
     return out
 
 
 def _transition_changes(a: Spec, b: Spec) -> list[Change]:
-    ea, eb = _edges(a), _edges(b)
+    # Two tables are compared rule by rule (policy_changes); a table on one side only, edge by
+    # edge with the other side's transitions.
+    by_rule = a.policy is not None and b.policy is not None
+    ea, eb = _edges(a, rules=not by_rule), _edges(b, rules=not by_rule)
     out: list[Change] = []
     unmatched_b = list(eb)
     pending_a: list[_Edge] = []
@@ -178,7 +180,8 @@ def _named(kind: str, old: Iterable[str], new: Iterable[str]) -> list[Change]:
 
 def diff_specs(a: Spec, b: Spec) -> SpecDiff:
     """Every behavioural difference from ``a`` to ``b``."""
-    changes = _transition_changes(a, b) + _state_changes(a, b)
+    changes = (_transition_changes(a, b) + policy_changes(a, b) + _state_changes(a, b)
+               + other_changes(a, b))
     changes += _named("trigger", a.triggers, b.triggers)
     changes += _named("metric", (f"{m.name} = {m.value}" for m in a.metrics),
                       (f"{m.name} = {m.value}" for m in b.metrics))
@@ -186,6 +189,10 @@ def diff_specs(a: Spec, b: Spec) -> SpecDiff:
 
 
 _MARK = {"added": "+", "removed": "-", "changed": "~"}
+#: The order a reader wants the elements in, and their headings.
+_HEADINGS = {"transition": "transitions", "policy": "failure policy", "rule": "rules",
+             "state": "states", "param": "parameters", "guard": "guards", "action": "actions",
+             "budget": "restart budget", "trigger": "triggers", "metric": "metrics"}
 
 
 def format_diff(d: SpecDiff, paths: tuple[str, str] | None = None) -> str:
@@ -198,12 +205,11 @@ def format_diff(d: SpecDiff, paths: tuple[str, str] | None = None) -> str:
     if d.same:
         lines.append("no differences in behaviour")
         return "\n".join(lines) + "\n"
-    order = ("transition", "state", "trigger", "metric")
-    for element in order:
+    for element, heading in _HEADINGS.items():
         group = [c for c in d.changes if c.element == element]
         if not group:
             continue
-        lines.append(f"{element}s:")
+        lines.append(f"{heading}:")
         for c in group:
             where = ", ".join(p for p in (
                 f"{d.a.name} line {c.line_a}" if c.line_a else "",

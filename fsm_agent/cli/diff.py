@@ -30,15 +30,18 @@ PROG = "fsm-agent diff"
 EXAMPLES = (
     "fsm-agent diff torchelastic torchrun        # exit 1: they differ in giving up",
     "fsm-agent diff torchrun my_lifecycle.yaml --format json",
+    "fsm-agent diff resilient my_policy.yaml     # rules, timers, parameters, budget",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fsm-agent diff`` command line."""
     parser = make_parser(
-        PROG, "List the transitions, state actions, outcomes and metrics that differ from "
-        "SPEC_A to SPEC_B (descriptions are not compared). Exit 0 when they behave the same, 1 "
-        "when they differ, 2 on bad input.", EXAMPLES)
+        PROG, "List what behaves differently from SPEC_A to SPEC_B: transitions, failure-policy "
+        "rules (added, removed, renamed, reordered, changed), states (actions, outcome, timer, "
+        "reported WorkerState), parameters, the spec's own guards and actions, the restart "
+        "budget, triggers and metrics (descriptions are not compared). Exit 0 when they behave "
+        "the same, 1 when they differ, 2 on bad input.", EXAMPLES)
     add_spec_option(parser, "spec_a", metavar="SPEC_A", help="spec file or preset name",
                     params=False)
     add_spec_option(parser, "spec_b", metavar="SPEC_B", help="spec file or preset name")
