@@ -8,8 +8,9 @@
                                                       # extra, else DiagramEngineMissing
 
 ``highlight_from_replay(fsm_agent.trace.replay(spec, trace))`` gives the ``highlight`` that draws
-a run's path with edge counts (what ``fsm-agent diagram --trace`` does). Notation and formats:
-docs/diagrams.md. Importing this module does not import torch or Graphviz.
+a run's path with edge counts (what ``fsm-agent diagram --trace`` does), and the parameters the
+run used; ``render(spec, fmt, params={"backoff_max": "90s"})`` draws other values as in force.
+Notation and formats: docs/diagrams.md. Importing this module does not import torch or Graphviz.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ Write one with a listener (``open_trace`` or ``TraceWriter``), read one back wit
     for lifecycle in read_trace("run.jsonl"):
         assert replay(spec, lifecycle).ok
 
+A spec with parameters (``resilient``): give the writer the values the lifecycle runs with,
+``open_trace(path, spec=spec, params=lifecycle.params)``; the header records them, and replay
+checks the rule and the timer each step recorded against them.
+
 ``fsm-agent run --trace FILE`` writes the same format, and ``fsm-agent replay FILE`` replays it.
 The record fields are listed in docs/diagrams.md ("Traces"). Importing this module does not
 import torch.
