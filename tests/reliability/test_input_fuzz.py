@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+import fsm_agent
 from fsm_agent._spec import MAX_SPEC_BYTES
 from fsm_agent.cli import check, diagram, replay
 
@@ -71,8 +73,11 @@ class Opens:
             self.paths.append(os.path.realpath(os.fspath(path)))
 
     def take(self) -> set[str]:
-        # hypothesis reads and writes its example database while the test runs: not ours
-        out = {p for p in self.paths if f"{os.sep}.hypothesis{os.sep}" not in p}
+        # hypothesis's example database and modules imported on first use are not files the
+        # tools were asked to read
+        code = (os.path.realpath(os.path.dirname(fsm_agent.__file__)), os.path.realpath(sys.prefix))
+        out = {p for p in self.paths
+               if f"{os.sep}.hypothesis{os.sep}" not in p and not p.startswith(code)}
         self.paths = []
         return out
 
