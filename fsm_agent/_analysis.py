@@ -19,16 +19,19 @@ from __future__ import annotations
 import math
 import os
 import signal
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from ._spec import Spec
-from ._trace import Trace, TraceRecord
+from ._trace import Trace, TraceRecord, step_record
 
-__all__ = ["Decision", "FailureInfo", "Incident", "JobAnalysis", "Lane", "Segment", "analyse",
-           "format_text"]
+if TYPE_CHECKING:
+    from ._step import Step
+
+__all__ = ["Decision", "FailureInfo", "Incident", "JobAnalysis", "Lane", "RunRecorder",
+           "Segment", "analyse", "format_text"]
 
 #: Triggers whose step means the workers failed or stopped making progress.
 FAILURE_TRIGGERS = ("failed", "unhealthy", "hung")
@@ -69,10 +72,13 @@ class FailureInfo:
     message: str | None
     timestamp: float | None
     node: str
+    hung: bool = False
 
     @property
     def how(self) -> str:
         """``exit code 3``, ``signal SIGKILL`` or ``hung``."""
+        if self.hung:
+            return "hung"
         if self.exitcode is None:
             return "failed"
         if self.exitcode < 0:
@@ -223,6 +229,7 @@ def _exception(data: Any) -> tuple[str | None, str | None]:
 
 
 def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
+    hung = rec.trigger == "hung"
     raw = rec.data.get("failures")
     if not isinstance(raw, Mapping):
         return ()
@@ -252,6 +259,7 @@ def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
             message=str(message) if message else None,
             timestamp=_num(f.get("timestamp"), math.nan),
             node=node,
+            hung=hung,
         ))
     return tuple(sorted(out, key=lambda f: f.rank))
 
@@ -416,7 +424,10 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
 
 def _outcome(lanes: Sequence[Lane]) -> str:
     finals = [ln.final_state for ln in lanes]
-    errors = [ln.error for ln in lanes if ln.error]
+    errors = [ln.error for ln in lanes if ln.error and not ln.error.startswith("LeftJob")]
+    left = [ln for ln in lanes if ln.error and ln.error.startswith("LeftJob")]
+    if left and len(left) == len(lanes):
+        return "LEFT"
     if any(f == "FAILED" for f in finals):
         return "FAILED"
     if any(f == "UNKNOWN" for f in finals):
@@ -427,6 +438,8 @@ def _outcome(lanes: Sequence[Lane]) -> str:
         return "SUCCEEDED"
     if any(f == "SUCCEEDED" for f in finals):
         return "SUCCEEDED"
+    if left:
+        return "LEFT"
     return "RUNNING" if finals else "EMPTY"
 
 
@@ -546,6 +559,8 @@ def describe_failure(f: FailureInfo) -> str:
     what = f.how
     detail = f.exception or (f.message if f.message and not f.message.startswith(
         "To enable traceback") else None)
+    if detail and f.hung:
+        detail = detail.removeprefix("worker hung: ")
     return f"rank {f.rank} ({where}): {what}" + (f": {detail}" if detail else "")
 
 
@@ -603,3 +618,44 @@ def format_text(a: JobAnalysis) -> str:
     for w in a.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines) + "\n"
+
+
+class RunRecorder:
+    """A lifecycle listener that keeps what the end-of-run summary needs, in memory: every step
+    that changed something, and a count for the runs of steps that did not (as the trace writer
+    folds them). ``fields``: called per step for extra record fields (the agent's
+    ``trace_fields``: diagnostics). ``analysis()`` reads it as one lane."""
+
+    def __init__(self, *, fields: Callable[[], Mapping[str, Any]] | None = None,
+                 **static: Any) -> None:
+        self._fields = fields
+        self._static = static
+        self._records: list[dict[str, Any]] = []
+        self._seq = 0
+
+    def __call__(self, step: Step) -> None:
+        self._seq += 1
+        record = step_record(step, self._seq, self._static)
+        if self._fields is not None:
+            record.update(self._fields())
+        last = self._records[-1] if self._records else None
+        noop = (record["source"] == record["dest"] and not record["actions"]
+                and record["error"] is None and not record.get("diagnostics"))
+        if noop and last is not None and last.get("count") is not None and all(
+                last.get(k) == record.get(k) for k in ("trigger", "source", "guards",
+                                                       "remaining_restarts", "observed")):
+            last["count"] += 1
+            last["last_wall_time"] = record["wall_time"]
+            last["last_monotonic_time"] = record["monotonic_time"]
+            return
+        if noop:
+            record.update(count=1, last_wall_time=record["wall_time"],
+                          last_monotonic_time=record["monotonic_time"])
+        self._records.append(record)
+
+    def analysis(self, spec: Spec | None = None) -> JobAnalysis:
+        """What happened so far."""
+        header = dict(self._static, spec=spec.name if spec is not None else None)
+        trace = Trace("<this run>", header, None,
+                      tuple(TraceRecord(i, r) for i, r in enumerate(self._records, 1)))
+        return analyse([trace], spec)

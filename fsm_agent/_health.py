@@ -5,6 +5,14 @@ job: it would fail (or hang) its peers after they waited for it. Each check retu
 :class:`CheckResult` with a one-line reason; a check never raises and never takes longer than
 its time budget (the command check kills its process group when the budget is spent).
 
+In a spec, checks are guards (parameterised kinds, ``GUARD_KINDS``) that gate the transitions
+which rendezvous, and ``leave_job`` (``ACTION_KINDS``) is the terminal action of the state a
+node goes to when one fails: the agent stops, does not touch the rendezvous (the others go on
+without it), and ``fsm-agent run`` exits with the action's exit code and the failed check's
+reason on one line (``docs/diagnosis.md``). A guard asks the driver to run the check
+(``driver.check_health(check)``, so the torch driver can fill in the rendezvous store's address
+and record the result for the trace); a driver without that method gets the check run directly.
+
 Built-ins:
 
 - :func:`disk_free`: at least ``min_free_bytes`` free on each of ``paths`` (for the user, not
@@ -17,17 +25,33 @@ Built-ins:
 
 from __future__ import annotations
 
+import logging
+import math
 import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
-__all__ = ["CheckResult", "command_succeeds", "disk_free", "format_bytes", "run_checks",
+from ._context import Kind
+
+if TYPE_CHECKING:
+    from ._context import Context
+
+__all__ = ["ACTION_KINDS", "GUARD_KINDS", "CheckResult", "HealthCheck", "LeftJob",
+           "command_succeeds", "disk_free", "format_bytes", "health_budget", "run_checks",
            "store_reachable"]
+
+log = logging.getLogger("fsm_agent")
+
+#: The exit code of ``leave_job`` when a spec gives none: sysexits' EX_TEMPFAIL ("try again
+#: later"), for a scheduler to replace the node and requeue.
+UNHEALTHY_EXIT_CODE = 75
 
 
 @attrs.frozen
@@ -46,23 +70,49 @@ class CheckResult:
 
 
 def format_bytes(n: float) -> str:
-    """``1.5 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+    """``1.5 GB`` (decimal units, as ``min_free: 10GB`` is read)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     raise AssertionError("unreachable")
 
 
-def disk_free(paths: Sequence[str], min_free_bytes: int, *, name: str = "disk_free") -> CheckResult:
+def _statvfs(path: str, timeout: float) -> os.statvfs_result:
+    """``os.statvfs`` that gives up after ``timeout`` (a dead network mount blocks for ever; the
+    thread is left behind, as a thread in the kernel cannot be stopped)."""
+    box: list[Any] = []
+    t = threading.Thread(target=lambda: box.append(_try(os.statvfs, path)), daemon=True,
+                         name="fsm-agent-statvfs")
+    t.start()
+    t.join(timeout)
+    if not box:
+        raise TimeoutError(f"no answer within {timeout:g} s (a hung mount?)")
+    if isinstance(box[0], OSError):
+        raise box[0]
+    return box[0]  # type: ignore[no-any-return]
+
+
+def _try(fn: Callable[[str], Any], arg: str) -> Any:
+    try:
+        return fn(arg)
+    except OSError as e:
+        return e
+
+
+def disk_free(paths: Sequence[str], min_free_bytes: int, *, timeout: float = 10.0,
+              name: str = "disk_free") -> CheckResult:
     """At least ``min_free_bytes`` available to unprivileged users on every path."""
     t0 = time.monotonic()
+    if not paths:
+        return CheckResult(name, True, "no paths configured")
     short = []
     for path in paths:
         try:
-            st = os.statvfs(path)
-        except OSError as e:
-            return CheckResult(name, False, f"{path}: {e.strerror or e}", time.monotonic() - t0)
+            st = _statvfs(path, max(0.001, timeout - (time.monotonic() - t0)))
+        except (OSError, TimeoutError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            return CheckResult(name, False, f"{path}: {why}", time.monotonic() - t0)
         free = st.f_bavail * st.f_frsize
         if free < min_free_bytes:
             short.append(f"{path} has {format_bytes(free)} free, needs "
@@ -105,7 +155,7 @@ def command_succeeds(command: str | Sequence[str], timeout: float, *,
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as e:
-        return CheckResult(name, False, f"{shown!r}: cannot run: {e.strerror or e}",
+        return CheckResult(name, False, f"command {shown}: cannot run: {e.strerror or e}",
                            time.monotonic() - t0)
     try:
         out, _ = proc.communicate(timeout=timeout)
@@ -115,16 +165,17 @@ def command_succeeds(command: str | Sequence[str], timeout: float, *,
         except OSError:
             proc.kill()
         proc.communicate()
-        return CheckResult(name, False, f"{shown!r} did not finish within {timeout:g} s (killed)",
+        return CheckResult(name, False, f"command {shown} did not finish within {timeout:g} s "
+                           "(killed)",
                            time.monotonic() - t0)
     took = time.monotonic() - t0
     if proc.returncode == 0:
-        return CheckResult(name, True, f"{shown!r} exited 0", took)
+        return CheckResult(name, True, f"command {shown} exited 0", took)
     last = next((ln.strip() for ln in reversed(out.decode(errors="replace").splitlines())
                  if ln.strip()), "")
     code = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
             else f"exited {proc.returncode}")
-    return CheckResult(name, False, f"{shown!r} {code}" + (f": {last[:200]}" if last else ""),
+    return CheckResult(name, False, f"command {shown} {code}" + (f": {last[:200]}" if last else ""),
                        took)
 
 
@@ -142,3 +193,162 @@ def run_checks(checks: Sequence[tuple[str, Callable[[], CheckResult]]]) -> list[
         if not result.ok:
             break
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks as spec guards
+
+
+@attrs.frozen
+class HealthCheck:
+    """One configured check: the guard's ``name`` in the spec, its ``kind`` and arguments."""
+
+    name: str
+    kind: str
+    args: Mapping[str, Any]
+
+    @property
+    def budget(self) -> float:
+        """The longest it may take (seconds)."""
+        return float(self.args.get("timeout", 0.0))
+
+    def run(self, store: tuple[str, int] | None = None) -> CheckResult:
+        """Run it; ``store``: the rendezvous store's (host, port), for ``store_reachable``
+        without an ``endpoint`` of its own."""
+        a = self.args
+        if self.kind == "disk_free":
+            return disk_free(a["paths"], a["min_free"], timeout=a["timeout"], name=self.name)
+        if self.kind == "command_succeeds":
+            if not a["command"].strip():
+                return CheckResult(self.name, True, "no command configured")
+            return command_succeeds(a["command"], a["timeout"], name=self.name)
+        if self.kind == "store_reachable":
+            endpoint = a.get("endpoint") or ""
+            if endpoint:
+                host, _, port = endpoint.rpartition(":")
+                return store_reachable(host, int(port), a["timeout"], name=self.name)
+            if store is None:
+                return CheckResult(self.name, True, "skipped: the rendezvous store's address "
+                                   "is not known here (give the check an endpoint)")
+            return store_reachable(store[0], store[1], a["timeout"], name=self.name)
+        raise ValueError(f"unknown health check kind {self.kind!r}")
+
+
+def _check_guard(check: HealthCheck) -> Callable[[Context], bool]:
+    def guard(ctx: Context) -> bool:
+        runner = getattr(ctx.driver, "check_health", None)
+        result = runner(check) if runner is not None else check.run()
+        if not result.ok:
+            log.warning("[%s] health check %s failed: %s", ctx.role, check.name, result.reason)
+        return bool(result.ok)
+
+    guard.health_check = check  # type: ignore[attr-defined]
+    return guard
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a positive, finite duration, got {value!r}")
+    return float(value)
+
+
+def _disk_free_kind(paths: Sequence[str], min_free: str, timeout: float) -> Callable[..., bool]:
+    from ._trace import parse_size
+
+    return _check_guard(HealthCheck("disk_free", "disk_free", {
+        "paths": tuple(paths), "min_free": parse_size(str(min_free)),
+        "timeout": _positive("timeout", timeout)}))
+
+
+def _store_kind(timeout: float, endpoint: str) -> Callable[..., bool]:
+    if endpoint:
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"endpoint must be HOST:PORT, got {endpoint!r}")
+    return _check_guard(HealthCheck("store_reachable", "store_reachable", {
+        "timeout": _positive("timeout", timeout), "endpoint": endpoint}))
+
+
+def _command_kind(command: str, timeout: float) -> Callable[..., bool]:
+    if command.strip():
+        try:
+            shlex.split(command)
+        except ValueError as e:
+            raise ValueError(f"command {command!r}: {e}") from None
+    return _check_guard(HealthCheck("command_succeeds", "command_succeeds", {
+        "command": command, "timeout": _positive("timeout", timeout)}))
+
+
+class LeftJob(Exception):
+    """The agent left the job on purpose (a node health check failed): ``exit_code`` and a
+    one-line ``reason``. Not a failure of the job: the other agents go on without this one."""
+
+    def __init__(self, reason: str, exit_code: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.exit_code = exit_code
+
+
+def _leave_job(exit_code: int) -> Callable[[Context], None]:
+    if not 0 < exit_code < 256:
+        raise ValueError(f"an exit code is between 1 and 255, got {exit_code}")
+
+    def action(ctx: Context) -> None:
+        ctx.exit_code = exit_code
+        reason_of = getattr(ctx.driver, "health_reason", None)
+        reason = reason_of() if reason_of is not None else None
+        raise LeftJob(reason or "a node health check failed", exit_code)
+
+    return action
+
+
+#: Health checks, as parameterised guard kinds (``guards: {disk_ok: {disk_free: ...}}``).
+GUARD_KINDS: dict[str, Kind] = {
+    "disk_free": Kind(_disk_free_kind, {"paths": "str_list", "min_free": "str",
+                                        "timeout": "duration"},
+                      None, {"timeout": 10.0},
+                      description="at least `min_free` (10GB, 500MiB) free on every path"),
+    "store_reachable": Kind(_store_kind, {"timeout": "duration", "endpoint": "str"}, "timeout",
+                            {"endpoint": ""},
+                            description="the rendezvous store (or `endpoint`) answers within "
+                            "`timeout`"),
+    "command_succeeds": Kind(_command_kind, {"command": "str", "timeout": "duration"},
+                             "command", {"timeout": 60.0},
+                             description="the command exits 0 within `timeout` (an empty "
+                             "command passes)"),
+}
+
+#: ``leave_job``: the terminal action of a node that failed its health checks.
+ACTION_KINDS: dict[str, Kind] = {
+    "leave_job": Kind(_leave_job, {"exit_code": "int"}, "exit_code",
+                      {"exit_code": UNHEALTHY_EXIT_CODE}, terminal=True,
+                      description="stop and leave the job (the others go on) with this exit "
+                      "code"),
+}
+
+
+def health_budget(spec: Any, values: Mapping[str, Any] | None = None) -> dict[str, float]:
+    """The time budget (seconds) of each health check a spec declares (guard name -> timeout),
+    with its parameters bound to ``values`` (default: the spec's defaults)."""
+    bound = dict(spec.defaults, **(values or {}))
+    out: dict[str, float] = {}
+    for inst in spec.guard_defs:
+        kind = GUARD_KINDS.get(inst.kind)
+        if kind is None:
+            continue
+        arg = inst.args.get("timeout", kind.defaults.get("timeout"))
+        resolve = getattr(arg, "resolve", None)
+        value = resolve(bound) if resolve is not None else arg
+        if isinstance(value, (int, float)):
+            out[inst.name] = float(value)
+    return out
+
+
+def health_checks(guards: Mapping[str, Callable[..., Any]]) -> dict[str, HealthCheck]:
+    """The health checks among a lifecycle's guards (name -> check)."""
+    out = {}
+    for name, fn in guards.items():
+        check = getattr(fn, "health_check", None)
+        if isinstance(check, HealthCheck):
+            out[name] = check
+    return out

@@ -176,6 +176,17 @@ def _fmt_actions(items: Sequence[tuple[str, str]], source: str, dest: str) -> st
                           for kind, names in groups)
 
 
+def _is_terminal(spec: Spec, name: str) -> bool:
+    """Whether action ``name`` (built in, registered, or a spec instance of a kind) is terminal:
+    its exception is the spec's outcome, not a fault."""
+    adef = spec.vocabulary.actions.get(name)
+    if adef is not None:
+        return adef.terminal
+    inst = next((a for a in spec.action_defs if a.name == name), None)
+    kind = spec.vocabulary.action_kinds.get(inst.kind) if inst is not None else None
+    return kind is not None and kind.terminal
+
+
 def _check_step(
     spec: Spec,
     rec: TraceRecord,
@@ -253,8 +264,7 @@ def _check_step(
                             f" the spec's transition to {chosen.dest} (line {chosen.line}) runs "
                             f"{_fmt_actions(want, rec.source, chosen.dest)}")
         failed_kind = str(failed_action.get("kind", "action"))
-        adef = spec.vocabulary.actions.get(str(failed_action["name"]))
-        terminal = adef is not None and adef.terminal
+        terminal = _is_terminal(spec, str(failed_action["name"]))
         if not terminal and rec.dest != ERROR_STATE:
             return chosen, (f"{where}: {failed_kind} {failed_action['name']!r} raised, so the "
                             f"machine must move to {ERROR_STATE}, but the trace ends in "

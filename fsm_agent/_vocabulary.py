@@ -18,6 +18,8 @@ import attrs
 
 from ._context import MAX_ATTEMPTS_KEPT, Action, ActionDef, Context, Guard, Kind, frozen_mapping
 from ._errors import WorkerGroupFailureException
+from ._health import ACTION_KINDS as HEALTH_ACTION_KINDS
+from ._health import GUARD_KINDS as HEALTH_GUARD_KINDS
 from ._matchers import ACTION_KINDS, GUARD_KINDS
 
 __all__ = ["Action", "ActionDef", "Context", "Guard", "Kind", "Vocabulary"]
@@ -113,6 +115,21 @@ _BUILTIN_GUARDS: dict[str, Guard] = {
     "nodes_waiting": _nodes_waiting,
 }
 
+def _capture_stacks(ctx: Context) -> None:
+    # Diagnostics only: a driver that cannot take stacks, or fails to, never changes the outcome.
+    capture = getattr(ctx.driver, "capture_stacks", None)
+    if capture is None:
+        log.warning("[%s] capture_stacks: driver %s cannot capture stacks", ctx.role,
+                    type(ctx.driver).__name__)
+        return
+    try:
+        capture()
+    except ctx.fatal_exceptions:
+        raise
+    except Exception:
+        log.exception("[%s] capture_stacks failed; the workers are stopped without them", ctx.role)
+
+
 _BUILTIN_ACTIONS: dict[str, ActionDef] = {
     "rendezvous": ActionDef(_rendezvous),
     "start_workers": ActionDef(_start_workers),
@@ -122,6 +139,7 @@ _BUILTIN_ACTIONS: dict[str, ActionDef] = {
     "exit_barrier": ActionDef(_exit_barrier),
     "raise_failure": ActionDef(_raise_failure, terminal=True),
     "raise_invalid_state": ActionDef(_raise_invalid_state, terminal=True),
+    "capture_stacks": ActionDef(_capture_stacks),
 }
 
 
@@ -192,7 +210,8 @@ def _check_new(
         raise TypeError(f"{kind} {name!r} must be callable, got {type(fn).__name__}")
 
 
-_BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS, GUARD_KINDS, ACTION_KINDS)
+_BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS, {**GUARD_KINDS, **HEALTH_GUARD_KINDS},
+                      {**ACTION_KINDS, **HEALTH_ACTION_KINDS})
 
 
 def _builtin() -> Vocabulary:

@@ -20,7 +20,9 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._analysis import RunRecorder, format_text
 from .._errors import SpecError
+from .._health import LeftJob
 from .._trace import TraceWriter
 from ..torch._launch import launch
 from ._common import (
@@ -149,13 +151,25 @@ def _prepare(args: argparse.Namespace) -> None:
 
 
 class _AgentRef:
-    """The agent, once ``launch`` has built it (the trace's ``group_rank`` is read from it)."""
+    """The agent, once ``launch`` has built it: the trace's ``group_rank`` and ``diagnostics``
+    are read from it, once per step (:meth:`before_step`, the first listener), for every record
+    of that step (the trace file's and the end-of-run summary's)."""
 
     agent: Any = None
+    current: dict[str, Any] = {}  # noqa: RUF012 - replaced, never mutated
 
     def fields(self) -> dict[str, Any]:
+        fields = getattr(self.agent, "trace_fields", None)
+        if fields is not None:
+            return dict(fields())  # group_rank, and diagnostics (hangs, stacks, health checks)
         group = getattr(self.agent, "_worker_group", None)
         return {} if group is None else {"group_rank": group.group_rank}
+
+    def before_step(self, step: Any) -> None:
+        self.current = self.fields()
+
+    def step_fields(self) -> dict[str, Any]:
+        return self.current
 
 
 def _trace_listener(
@@ -165,7 +179,7 @@ def _trace_listener(
     """A trace writer for ``--trace FILE``: the engine calls it after every transition. Its
     header records ``params``, the spec's parameters the agent runs with."""
     try:
-        return TraceWriter(path, spec=spec, dynamic=ref.fields, node=socket.gethostname(),
+        return TraceWriter(path, spec=spec, dynamic=ref.step_fields, node=socket.gethostname(),
                            pid=os.getpid(), run_id=run_id, max_bytes=args.trace_max_size,
                            backups=args.trace_backups, params=params)
     except OSError as e:
@@ -182,6 +196,37 @@ def _failure_exit_code(ref: _AgentRef) -> int:
               file=sys.stderr)
         return code
     return FAILED
+
+
+def _check_health_budget(spec: Any, config: Any, params: dict[str, Any] | None) -> None:
+    """The spec's health checks must fit the rendezvous join timeout: the other nodes wait for
+    this one in the rendezvous while it runs them."""
+    from .._health import health_budget
+
+    budget = health_budget(spec, params)
+    if not budget:
+        return
+    join = float(config.rdzv_configs.get("join_timeout", 600))
+    total = sum(budget.values())
+    if total >= join:
+        parts = " + ".join(f"{name} {seconds:g} s" for name, seconds in budget.items())
+        raise UsageError(f"--spec {spec.name}: the health checks may take {total:g} s ({parts}), "
+                         f"not less than the rendezvous join timeout ({join:g} s); the other "
+                         "nodes would give up waiting for this one: shorten their timeouts or "
+                         "raise --rdzv-conf join_timeout")
+
+
+def _print_summary(recorder: RunRecorder | None, spec: Any) -> None:
+    """The end-of-run summary (root cause first, the rule that gave up, restarts used, time
+    lost, where the stacks and error files are), after torch's failure block."""
+    if recorder is None:
+        return
+    try:
+        text = format_text(recorder.analysis(spec))
+    except Exception:  # a summary must never hide the job's own error
+        logger.debug("no end-of-run summary", exc_info=True)
+        return
+    print("\n" + text, end="", file=sys.stderr)
 
 
 def _configure_logging() -> None:
@@ -214,6 +259,8 @@ def main(argv: Sequence[str]) -> int:
     _configure_logging()
     closers: list[Callable[[], None]] = []
     ref = _AgentRef()
+    recorder: RunRecorder | None = None
+    lifecycle_spec: Any = None
     try:
         try:
             lifecycle_spec = load_spec_arg(args, args.lifecycle_spec, flag="--spec")
@@ -228,12 +275,17 @@ def main(argv: Sequence[str]) -> int:
         except (AssertionError, ValueError, RuntimeError, OSError) as e:
             # OSError: torch makes --log-dir here (a race with the check in _runargs).
             raise UsageError(str(e)) from e
-        listeners = []
+        _check_health_budget(lifecycle_spec, config, params)
+        # What the end-of-run summary reads: this agent's steps, kept in memory (folded).
+        recorder = RunRecorder(fields=ref.step_fields, node=socket.gethostname(),
+                               pid=os.getpid(), run_id=config.run_id)
+        listeners: list[Callable[..., Any]] = [ref.before_step]
         if args.trace:
             writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref, args,
                                      params=params)
             listeners.append(writer)
             closers.append(writer.close)
+        listeners.append(recorder)
 
         def _launch() -> None:
             launch(
@@ -256,7 +308,13 @@ def main(argv: Sequence[str]) -> int:
         return e.code
     except ChildFailedError as e:
         print(e.format_msg(), file=sys.stderr)
-        return _failure_exit_code(ref)
+        code = _failure_exit_code(ref)
+        _print_summary(recorder, lifecycle_spec)
+        return code
+    except LeftJob as e:
+        # One line: the node is unfit; the scheduler replaces it, the job goes on without it.
+        print(f"{PROG}: left the job: {e.reason} (exit {e.exit_code})", file=sys.stderr)
+        return e.exit_code
     except SignalException as e:
         name = signal.Signals(e.sigval).name
         print(f"{PROG}: received {name}; workers stopped", file=sys.stderr)

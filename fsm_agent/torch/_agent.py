@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 import weakref
@@ -29,7 +30,15 @@ from fsm_agent.torch._fastpath import (
     notify_background_syncs,
     state_cache_expiry,
 )
+from fsm_agent.torch._hang import (
+    HANG_TIMEOUT_PARAM,
+    HUNG_TRIGGER,
+    HungRank,
+    hang_failures,
+    take_stacks,
+)
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
+from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
 from fsm_agent.torch._tick import QuietTicks
 from fsm_agent.torch._wakeup import WorkerExitWaker
@@ -83,6 +92,9 @@ class LifecycleAgentMixin:
     _fsm_exit_waker: WorkerExitWaker | None = None  # created on first wait
     _fsm_rendezvoused: bool = False  # the first rendezvous keeps torch's start-up skew
     _fsm_waker_failed: bool = False  # the waker raised once: plain ticks from then on
+    _fsm_hangs: HangDetector | None = None  # the spec's hang_timeout, while workers run
+    _fsm_hung_trigger: bool = False  # the spec handles `hung`: timer hangs come that way too
+    _fsm_diagnostics: dict[str, Any] | None = None  # for the trace's next record
 
     def __init__(
         self,
@@ -152,7 +164,21 @@ class LifecycleAgentMixin:
         )
         self._fsm_driver.bind(lifecycle)
         self._fsm_restarts_seen = 0
+        self._fsm_setup_hangs(lifecycle)
         return lifecycle
+
+    def _fsm_setup_hangs(self, lifecycle: Lifecycle) -> None:
+        # The spec opts in: its own trigger `hung`, and the parameter hang_timeout.
+        self._fsm_hung_trigger = HUNG_TRIGGER in lifecycle.spec.triggers
+        self._fsm_hangs = None
+        timeout = lifecycle.context.params.get(HANG_TIMEOUT_PARAM)
+        if not self._fsm_hung_trigger or not isinstance(timeout, (int, float)):
+            return
+        if math.isfinite(timeout) and timeout > 0:
+            self._fsm_hangs = HangDetector(float(timeout))
+            logger.info("[%s] hang detection: a group whose workers all make no progress for "
+                        "%g s is hung (sampled every %g s)", lifecycle.context.role, timeout,
+                        self._fsm_hangs.period)
 
     def _follow_step(self, step: Step) -> None:
         # torch's loop sets worker_group.state at the same points the machine changes state
@@ -224,7 +250,9 @@ class LifecycleAgentMixin:
 
         The tick still comes every ``interval`` (health and membership checks); a worker's exit
         ends the wait at once (``fsm_agent.torch._wakeup``). Returning the name of one of the
-        spec's own triggers fires it (a subclass delivering an external event).
+        spec's own triggers fires it: ``hung`` when the spec asks for hang detection and every
+        worker stood still for ``hang_timeout`` (sampled within the wait), or when a torch
+        timer expired (``fsm_agent.torch._hang``).
         """
         quiet = self._fsm_quiet
         lifecycle = self._lifecycle
@@ -232,16 +260,125 @@ class LifecycleAgentMixin:
             interval = quiet.wait_for(
                 interval, state_cache_expiry(self._worker_group.spec.rdzv_handler)
             )
+        hangs = self._fsm_hangs
         woke: bool | None = None
+        if hangs is not None and hangs.watching:
+            # progress samples on their own grid, inside the wait
+            deadline = time.monotonic() + interval
+            while True:
+                hung = hangs.poll()
+                if hung:
+                    quiet.waited(None)
+                    return self._fsm_report_hang([
+                        HungRank(h.local_rank, self._worker_group.workers[h.local_rank]
+                                 .global_rank, h.pid, h.idle_for, h.describe(hangs.timeout),
+                                 h.exited)
+                        for h in hung], source="progress")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                woke = self._fsm_wait(min(left, max(hangs.next_sample_in(), 1e-3)))
+                if woke is not False:
+                    break
+        else:
+            woke = self._fsm_wait(interval)
+        quiet.waited(woke)
+        if self._fsm_hung_trigger:
+            timer_hangs = getattr(self, "_fsm_timer_hangs", None)
+            expired = timer_hangs() if timer_hangs is not None else []
+            if expired:
+                return self._fsm_report_hang(expired, source="timer")
+        return None
+
+    def _fsm_wait(self, seconds: float) -> bool | None:
+        """Sleep up to ``seconds``: True when a worker's exit ended the wait early, False when
+        the time ran out, None when the waker failed (a plain sleep)."""
         try:
-            woke = self._fsm_waker().wait(interval)
+            return bool(self._fsm_waker().wait(seconds))
         except FATAL_EXCEPTIONS:
             raise  # a termination signal raised by torch's handler during the wait
         except Exception as e:
             self._fsm_waker_fallback("wait", e)
-            time.sleep(interval)
-        quiet.waited(woke)
-        return None
+            time.sleep(seconds)
+            return None
+
+    def _fsm_report_hang(self, hung: list[HungRank], *, source: str) -> str | None:
+        """Make the observation UNHEALTHY with the hung ranks' failures and return ``hung``."""
+        lifecycle = self._lifecycle
+        if lifecycle is None or not lifecycle.spec.outgoing(lifecycle.state_name, HUNG_TRIGGER):
+            return None
+        if self._fsm_hangs is not None:
+            self._fsm_hangs.clear()  # once per attempt: the spec decides what follows
+        role = self._worker_group.spec.role
+        error_files = dict(getattr(getattr(self, "_pcontext", None), "error_files", {}) or {})
+        lifecycle.context.observed = RunResult(state=WorkerState.UNHEALTHY,
+                                               failures=hang_failures(hung, error_files))
+        detector = self._fsm_hangs
+        self._fsm_note("hang", {
+            "source": source,
+            "timeout_s": detector.timeout if detector is not None else None,
+            "sample_period_s": detector.period if detector is not None else None,
+            "workers": [h.as_dict() for h in hung],
+        })
+        logger.warning("[%s] worker group hung: rank(s) %s (%s)", role,
+                       sorted(h.global_rank for h in hung), hung[0].description)
+        return HUNG_TRIGGER
+
+    def _fsm_note(self, key: str, value: Any) -> None:
+        if self._fsm_diagnostics is None:
+            self._fsm_diagnostics = {}
+        self._fsm_diagnostics[key] = value
+
+    def _fsm_note_health(self, result: Any) -> None:
+        checks = (self._fsm_diagnostics or {}).get("health", {}).get("checks", [])
+        checks = [*checks, result.as_dict()]
+        failed = [c for c in checks if not c["ok"]]
+        self._fsm_note("health", {"ok": not failed, "checks": checks,
+                                  "reason": f"{failed[0]['name']}: {failed[0]['reason']}"
+                                  if failed else None})
+
+    def trace_fields(self) -> dict[str, Any]:
+        """Fields for the trace's next record (a ``JsonlTraceWriter``'s ``dynamic``): the group
+        rank, and ``diagnostics`` (a hang, the stacks taken, health checks) once, on the record
+        of the step they belong to."""
+        out: dict[str, Any] = {}
+        group = getattr(self, "_worker_group", None)
+        if group is not None:
+            out["group_rank"] = group.group_rank
+        if self._fsm_diagnostics:
+            out["diagnostics"], self._fsm_diagnostics = self._fsm_diagnostics, None
+        return out
+
+    def _fsm_capture_stacks(self) -> None:
+        """Dump every running worker's stacks (the ``capture_stacks`` action)."""
+        pcontext = getattr(self, "_pcontext", None)
+        group = self._worker_group
+        role = group.spec.role
+        if pcontext is None:
+            logger.warning("[%s] capture_stacks: no workers to take stacks of", role)
+            return
+        pids = pcontext.pids()
+        workers = {w.local_rank: (w.global_rank, pids[w.local_rank]) for w in group.workers
+                   if w.local_rank in pids}
+        lifecycle = self._lifecycle
+        observed = lifecycle.context.observed if lifecycle is not None else None
+        failures = dict(getattr(observed, "failures", None) or {})
+        hung = "hang" in (self._fsm_diagnostics or {})
+        reason = "the group hung" if hung else f"observed {getattr(observed, 'state', '?')}"
+        dumps = take_stacks(workers, dict(pcontext.error_files or {}), role=role, reason=reason)
+        for rank, dump in dumps:
+            failure = failures.get(rank)
+            if failure is not None and isinstance(getattr(failure, "message", None), str):
+                failure.message = f"{failure.message}; {dump.describe()}"
+        self._fsm_note("stacks", [
+            {"rank": rank, "pid": d.pid, "path": d.path, "method": d.method, "error": d.error}
+            for rank, d in dumps])
+
+    def _stop_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
+        # Stopped workers make no progress: the detector watches the next start's.
+        if self._fsm_hangs is not None:
+            self._fsm_hangs.clear()
+        super()._stop_workers(worker_group, *args, **kwargs)  # type: ignore[misc]
 
     def _fsm_ticks_seen(self) -> bool:
         # Whether anything besides this agent sees each tick: lifecycle listeners (a trace
@@ -264,6 +401,9 @@ class LifecycleAgentMixin:
         # watch the new workers' exits; agents without torch's _pcontext just tick.
         self._fsm_quiet.watching(None)
         pcontext = getattr(self, "_pcontext", None)
+        if pcontext is not None and self._fsm_hangs is not None:
+            self._fsm_hangs.watch({w.local_rank: pid for w in self._worker_group.workers
+                                   if (pid := pcontext.pids().get(w.local_rank)) is not None})
         if pcontext is None or self._fsm_waker_failed:
             return
         try:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetricHandler
 from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
+from fsm_agent._health import CheckResult, HealthCheck
 from fsm_agent.torch._fastpath import cached_nodes_waiting
 from fsm_agent.torch._isolation import WorkerStoreIsolation
 
@@ -80,6 +81,7 @@ class TorchDriver:
         #: stand (``fsm_agent.torch._tick``); ``None``: every tick looks, as torch's loop.
         self.quiet: QuietTicks | None = None
         self._group_world_size: int | None = None  # of the last rendezvous round
+        self._health: list[CheckResult] = []
 
     @property
     def worker_group(self) -> WorkerGroup:
@@ -201,6 +203,30 @@ class TorchDriver:
         finally:
             self.agent._in_exit_barrier = False
 
+    def capture_stacks(self) -> None:
+        """Dump every worker's Python stacks before they are stopped (``capture_stacks``)."""
+        capture = getattr(self.agent, "_fsm_capture_stacks", None)
+        if capture is None:
+            logger.warning("capture_stacks: agent %s cannot take its workers' stacks",
+                           type(self.agent).__name__)
+            return
+        capture()
+
+    def check_health(self, check: HealthCheck) -> CheckResult:
+        """Run a node health check (a spec guard); the result goes to the trace's diagnostics and,
+        if it failed, is the reason ``leave_job`` gives."""
+        result = check.run(store=_rendezvous_store(self.worker_group.spec.rdzv_handler))
+        self._health.append(result)
+        note = getattr(self.agent, "_fsm_note_health", None)
+        if note is not None:
+            note(result)
+        return result
+
+    def health_reason(self) -> str | None:
+        """``check: reason`` of the last health check that failed, if any."""
+        failed = [r for r in self._health if not r.ok]
+        return f"{failed[-1].name}: {failed[-1].reason}" if failed else None
+
     def put_metric(self, name: str, value: int) -> None:
         """Publish through torch's metrics API (group ``torchelastic``, as torch's agent).
 
@@ -217,6 +243,20 @@ class TorchDriver:
         """Release what the driver holds beyond the agent (the per-round worker store)."""
         if self.isolation is not None:
             self.isolation.close()
+
+
+def _rendezvous_store(handler: Any) -> tuple[str, int] | None:
+    """(host, port) of a c10d rendezvous handler's TCP store, None if it has none we can see."""
+    holder = getattr(handler, "_state_holder", None)
+    for found in (getattr(getattr(holder, "_backend", None), "_store", None),
+                  getattr(handler, "_store", None)):
+        store = found
+        for _ in range(3):  # through PrefixStores
+            host, port = getattr(store, "host", None), getattr(store, "port", None)
+            if isinstance(host, str) and isinstance(port, int) and port > 0:
+                return host, port
+            store = getattr(store, "underlying_store", None)
+    return None
 
 
 def _set_remaining_restarts(counters: Any, value: int) -> None:

@@ -163,6 +163,35 @@ class HangWatchdogMixin:
             for worker_env in envs.values():
                 worker_env[FILE_VAR] = path
 
+    def _fsm_timer_hangs(self) -> list[Any]:
+        """Workers whose timer expired, as ``fsm_agent.torch._hang.HungRank``s (for a spec that
+        handles ``hung``: the agent delivers them as that trigger, stacks first)."""
+        from fsm_agent.torch._hang import HungRank
+
+        watchdog = self._worker_watchdog
+        if not isinstance(watchdog, HangWatchdog) or self._pcontext is None:
+            return []
+        hung = watchdog.hung()
+        if not hung:
+            return []
+        group = self._worker_group  # type: ignore[attr-defined]
+        out = []
+        for local_rank, pid in self._pcontext.pids().items():
+            hang = hung.get(pid)
+            if hang is None or hang.signal <= 0 or pid in self._fsm_timer_reported:
+                continue
+            self._fsm_timer_reported.add(pid)
+            out.append(HungRank(local_rank, group.workers[local_rank].global_rank, pid, None,
+                                hang.describe()))
+        return out
+
+    @property
+    def _fsm_timer_reported(self) -> set[int]:
+        seen: set[int] | None = self.__dict__.get("_fsm_timer_seen")
+        if seen is None:
+            seen = self.__dict__["_fsm_timer_seen"] = set()
+        return seen
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
         from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
@@ -171,26 +200,53 @@ class HangWatchdogMixin:
         watchdog = self._worker_watchdog
         if result.state != WorkerState.HEALTHY or not isinstance(watchdog, HangWatchdog):
             return result
+        if getattr(self, "_fsm_hung_trigger", False):
+            return result  # the spec's `hung` transition takes the stacks and stops the group
         hung = watchdog.hung()
         if not hung or self._pcontext is None:
             return result
+        pids = self._pcontext.pids()
+        hung_ranks = {r: p for r, p in pids.items()
+                      if p in hung and hung[p].signal > 0 and p not in self._fsm_timer_reported}
+        if not hung_ranks:
+            return result
+        # Stacks before the kill: every worker's, the hung one's and its peers'.
+        stacks = _stacks_before_kill(self, pids, worker_group)
         failures = {}
-        for local_rank, pid in self._pcontext.pids().items():
-            hang = hung.get(pid)
-            if hang is None or hang.signal <= 0:
-                continue
+        for local_rank, pid in hung_ranks.items():
+            hang = hung[pid]
+            self._fsm_timer_reported.add(pid)
             # What the worker's timer asked for; the spec's stop then finds it gone.
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, hang.signal)
             failure = ProcessFailure(local_rank=local_rank, pid=pid, exitcode=-hang.signal,
                                      error_file="")
-            failure.message = f"{hang.describe()}; sent {signal.Signals(hang.signal).name}"
-            failures[worker_group.workers[local_rank].global_rank] = failure
-        if not failures:
-            return result
+            global_rank = worker_group.workers[local_rank].global_rank
+            failure.message = f"{hang.describe()}; sent {signal.Signals(hang.signal).name}" + (
+                f"; {stacks[global_rank]}" if global_rank in stacks else "")
+            failures[global_rank] = failure
         logger.warning(
             "[%s] worker group UNHEALTHY: rank(s) %s made no progress",
             worker_group.spec.role,
             sorted(failures),
         )
         return RunResult(state=WorkerState.UNHEALTHY, failures=failures)
+
+
+def _stacks_before_kill(agent: Any, pids: dict[int, int], group: WorkerGroup) -> dict[int, str]:
+    """Every worker's stacks, taken before a timer's kill (global rank -> where)."""
+    from fsm_agent.torch._hang import take_stacks
+
+    try:
+        workers = {w.local_rank: (w.global_rank, pids[w.local_rank]) for w in group.workers
+                   if w.local_rank in pids}
+        dumps = take_stacks(workers, dict(agent._pcontext.error_files or {}),
+                            role=group.spec.role, reason="a worker's timer expired")
+    except Exception:  # diagnostics must never change what happens to the job
+        logger.exception("[%s] could not take the workers' stacks", group.spec.role)
+        return {}
+    note = getattr(agent, "_fsm_note", None)
+    if note is not None:
+        note("stacks", [{"rank": r, "pid": d.pid, "path": d.path, "method": d.method,
+                         "error": d.error} for r, d in dumps])
+    return {r: d.describe() for r, d in dumps}

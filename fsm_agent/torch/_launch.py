@@ -48,7 +48,9 @@ def launch(
 
     Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
-    error-file handling of ``@record`` apply), ``SignalException`` on a termination signal.
+    error-file handling of ``@record`` apply), ``SignalException`` on a termination signal,
+    ``fsm_agent._health.LeftJob`` when the spec had this node leave the job (a failed health
+    check: the rendezvous is left open for the other nodes).
     The exit code the spec asked for on failure (``set_exit_code``: the ``resilient`` preset's
     ``no_requeue_exit_code``) is ``agent.lifecycle.exit_code`` (``on_agent`` gives the agent).
     """
@@ -61,6 +63,7 @@ def launch(
     from torch.distributed.launcher.api import _get_addr_and_port, _get_entrypoint_name
 
     from fsm_agent import WorkerGroupFailureException
+    from fsm_agent._health import LeftJob
     from fsm_agent.torch._agent import FSMElasticAgent
     from fsm_agent.torch._loopback import loopback_rendezvous_handler
 
@@ -125,6 +128,12 @@ def launch(
             raise ChildFailedError(name=entrypoint_name, failures=result.failures)
         return dict(result.return_values)
     except ChildFailedError:
+        raise
+    except LeftJob:
+        # A node that failed its health checks leaves; the rendezvous stays open for the others
+        # (shutting it down would close it for every agent of the job).
+        shutdown_rdzv = False
+        events.record(agent.get_event_failed(), config.event_log_handler)
         raise
     except SignalException:
         # As torch: a signalled agent leaves the rendezvous open, so it can be re-joined.

@@ -97,7 +97,12 @@ def test_restarts_exhausted_torchelastic_names_root_cause_and_error_file(jobs: J
     assert error_file.is_file(), root
     assert "boom-in-rank-1" in json.loads(error_file.read_text())["message"]["message"]
     assert "boom-in-rank-1" in root["traceback"] or "Traceback" in root["traceback"]
-    assert job.output.rstrip().endswith("=" * 60)  # the summary ends the output: no traceback
+    # torch's failure block, then fsm-agent's summary end the output: no traceback
+    block, sep, ours = job.output.rpartition("=" * 60)
+    assert sep and "Root Cause (first observed failure)" in block, job.output
+    assert ours.lstrip().startswith("fsm-agent: job FAILED (spec 'torchelastic', 1 agent)")
+    assert "root cause: rank 1 (" in ours and "boom-in-rank-1" in ours
+    assert "Traceback" not in ours
     assert job.barrier_count() == 1, job.output  # torchelastic: the barrier also on giving up
 
 

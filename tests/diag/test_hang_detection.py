@@ -1,0 +1,103 @@
+"""An unmodified deadlocking script (two ranks waiting on each other), run by ``fsm-agent run``
+with a spec that asks for hang detection: detected within hang_timeout plus one sample period,
+both ranks' stacks saved before the kill, then the spec's outcome."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from diag_helpers import SCRIPTS, Jobs, trace_records
+
+from fsm_agent.torch._progress import sample_period_for
+from fsm_agent.torch._stacks import stack_functions
+
+SPEC = Path(__file__).parent / "specs" / "hang.yaml"
+DEADLOCK = SCRIPTS / "deadlock.py"
+TIMEOUT = 3.0  # the spec's hang_timeout default
+ARGS = ["--standalone", "--nproc-per-node", "2", "--monitor-interval", "0.1", "--spec", str(SPEC)]
+
+
+def _hung_steps(trace: Path) -> list[dict[str, object]]:
+    return [r for r in trace_records(trace) if r.get("trigger") == "hung"]
+
+
+@pytest.mark.timeout(180)
+def test_a_deadlock_is_detected_its_stacks_saved_and_the_group_restarted(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    job = jobs.start([*ARGS, "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
+                      "--trace", str(trace)], DEADLOCK, env={"DEADLOCK_ATTEMPTS": "0"})
+    assert job.wait(150) == 0, job.output
+    [hung] = _hung_steps(trace)
+    waiting = job.records("a0_r*_waiting.json")
+    assert len(waiting) == 2
+    # detected within hang_timeout + one sample period of the later rank starting to wait
+    # (plus 0.25 s: the agent's wake-ups run late on a loaded 2-core machine)
+    started = max(float(w["time"]) for w in waiting)  # type: ignore[arg-type]
+    latency = float(hung["wall_time"]) - started  # type: ignore[arg-type]
+    period = sample_period_for(TIMEOUT)
+    assert TIMEOUT <= latency <= TIMEOUT + period + 0.25, latency
+    assert hung["source"] == "HEALTHY" and hung["dest"] == "UNHEALTHY"
+    actions = hung["actions"]
+    assert isinstance(actions, list) and [a["name"] for a in actions] == ["capture_stacks"]
+    diag = hung["diagnostics"]
+    assert isinstance(diag, dict)
+    assert sorted(w["rank"] for w in diag["hang"]["workers"]) == [0, 1]
+    pids = {int(w["pid"]) for w in waiting}  # type: ignore[call-overload]
+    stacks = diag["stacks"]
+    assert {s["pid"] for s in stacks} == pids and all(s["method"] == "py-spy" for s in stacks)
+    for s in stacks:
+        path = Path(s["path"])
+        # saved under the run's log directory, one file per rank
+        assert path.is_relative_to(tmp_path / "logs") and path.name == f"rank_{s['rank']}.txt"
+        assert "wait_for_peer_forever" in stack_functions(path.read_text())
+    failures = hung["failures"]
+    assert isinstance(failures, dict) and sorted(failures) == ["0", "1"]
+    assert all("stacks: " in f["message"] for f in failures.values())
+    # then the spec's outcome: UNHEALTHY --always [has_restarts_left]--> STOPPED --> HEALTHY
+    path = [(r["source"], r["dest"]) for r in trace_records(trace) if r.get("kind") == "step"]
+    i = path.index(("HEALTHY", "UNHEALTHY"))
+    assert path[i + 1:i + 3] == [("UNHEALTHY", "STOPPED"), ("STOPPED", "HEALTHY")]
+    assert path[-1] == ("HEALTHY", "SUCCEEDED")
+    assert len(job.records("a1_r*_done.json")) == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_computes_while_its_peer_waits_is_not_a_hang(jobs: Jobs,
+                                                                 tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    job = jobs.start([*ARGS, "--max-restarts", "0", "--trace", str(trace)], DEADLOCK,
+                     env={"DEADLOCK_ATTEMPTS": "", "BUSY_SECONDS": str(2 * TIMEOUT)})
+    assert job.wait(100) == 0, job.output
+    assert not _hung_steps(trace)
+    assert len(job.records("a0_r*_done.json")) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_deadlock_every_attempt_gives_up_with_a_summary_naming_the_stacks(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.jsonl"
+    job = jobs.start([*ARGS, "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
+                      "--trace", str(trace)], DEADLOCK, env={"DEADLOCK_ATTEMPTS": "0,1"})
+    assert job.wait(200) == 1, job.output
+    assert len(_hung_steps(trace)) == 2
+    out = job.output
+    summary = out[out.index("fsm-agent: job FAILED"):]
+    lines = summary.splitlines()
+    assert re.match(r"root cause: rank [01] \(.*\): hung: its main thread made no progress",
+                    lines[1]), summary
+    assert lines[3].startswith("decided by: always UNHEALTHY -> FAILED") and "gave up" in lines[3]
+    assert "restarts: 1 of 1 used" in summary and "time lost:" in summary
+    listed = re.findall(r"rank (\d): (\S+/stacks/attempt_1/rank_\d\.txt)", summary)
+    assert sorted(r for r, _ in listed) == ["0", "1"], summary
+    # torch's own failure block names the stacks too
+    assert out.count("; stacks: ") >= 2
+    records = trace_records(trace)
+    assert records[-1]["dest"] == "FAILED"
+    json.dumps(records)

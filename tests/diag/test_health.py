@@ -1,0 +1,101 @@
+"""Node health checks before every (re)join: the checks themselves, their time budget against
+the rendezvous timeout, and a real late node that fails one and leaves while the job goes on."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from diag_helpers import Jobs, free_port, trace_records
+
+from fsm_agent import load_spec
+from fsm_agent._health import command_succeeds, disk_free, health_budget, store_reachable
+
+SPEC = Path(__file__).parent / "specs" / "health.yaml"
+ENV_WORKER = Path(__file__).parents[1] / "torch" / "scripts" / "env_worker.py"
+
+
+def test_disk_free_names_the_path_and_the_shortfall(tmp_path: Path) -> None:
+    ok = disk_free([str(tmp_path)], 1)
+    assert ok.ok and ok.duration >= 0
+    short = disk_free([str(tmp_path), "/"], 10**18)
+    assert not short.ok and str(tmp_path) in short.reason and "needs 1000000.0 TB" in short.reason
+    missing = disk_free([str(tmp_path / "nope")], 1)
+    assert not missing.ok and "No such file" in missing.reason
+
+
+def test_a_command_that_overruns_its_budget_is_killed_with_its_children(tmp_path: Path) -> None:
+    marker = tmp_path / "child.pid"
+    t0 = time.monotonic()
+    res = command_succeeds(["sh", "-c", f"sleep 60 & echo $! > {marker}; wait"], 0.5)
+    assert not res.ok and "did not finish within 0.5 s" in res.reason
+    assert time.monotonic() - t0 < 5
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")  # the whole process group went
+    failed = command_succeeds("sh -c 'echo disk sad >&2; exit 4'", 5)
+    assert not failed.ok and failed.reason.endswith("exited 4: disk sad")
+    assert not command_succeeds("/no/such/binary", 5).ok
+    assert command_succeeds("true", 5).ok
+
+
+def test_store_reachable_needs_an_answer_not_just_a_port() -> None:
+    from torch.distributed import TCPStore
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5),
+                      wait_for_workers=False)
+    assert store_reachable("127.0.0.1", server.port, 5).ok
+    t0 = time.monotonic()
+    res = store_reachable("127.0.0.1", free_port(), 1.0)
+    assert not res.ok and "not reachable within 1 s" in res.reason
+    assert time.monotonic() - t0 < 10
+
+
+def test_the_checks_budget_must_fit_the_rendezvous_join_timeout(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fsm_agent.cli import main
+
+    assert health_budget(load_spec(str(SPEC))) == {"disk_ok": 5.0, "store_ok": 5.0,
+                                                   "command_ok": 10.0}
+    assert main(["run", "--standalone", "--rdzv-conf", "join_timeout=20", "--spec", str(SPEC),
+                 str(ENV_WORKER)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "may take 20 s" in err and "join timeout (20 s)" in err
+
+
+@pytest.mark.timeout(150)
+def test_a_late_node_failing_a_check_leaves_and_the_job_goes_on(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", "health", "--rdzv-conf",
+            "last_call_timeout=1", "--monitor-interval", "0.1", "--spec", str(SPEC)]
+    first = jobs.start([*args, "--trace", str(tmp_path / "first.jsonl")], ENV_WORKER,
+                       env={"SLEEP": "8"}, name="first")
+    [alone] = first.wait_for("*.json", 1, 60)
+    assert alone["WORLD_SIZE"] == "1"
+    late = jobs.start([*args, "--trace", str(tmp_path / "late.jsonl")], ENV_WORKER,
+                      env={"SLEEP": "8", "FSM_TEST_UNHEALTHY": "1"}, name="late")
+    assert late.wait(60) == 75, late.output
+    # one line saying why, naming the check
+    [line] = [x for x in late.output.splitlines() if x.startswith("fsm-agent run: ")]
+    assert line.startswith("fsm-agent run: left the job: command_succeeds: command sh -c ")
+    assert line.endswith("exited 1 (exit 75)")
+    assert not late.records()  # it never started a worker
+    assert first.poll() is None  # the job goes on ...
+    assert first.wait(60) == 0, first.output  # ... and finishes, without the late node
+    assert [r["WORLD_SIZE"] for r in first.records()] == ["1"]
+    assert "membership change" not in first.output
+    [left] = [r for r in trace_records(tmp_path / "late.jsonl") if r.get("kind") == "step"]
+    assert (left["source"], left["dest"]) == ("INIT", "LEFT")
+    health = left["diagnostics"]["health"]  # type: ignore[index]
+    assert [c["ok"] for c in health["checks"]] == [True, True, False]
+    checks = [r for r in trace_records(tmp_path / "first.jsonl")
+              if r.get("diagnostics", {}).get("health")]  # type: ignore[union-attr]
+    assert len(checks) == 1 and checks[0]["dest"] == "HEALTHY"
