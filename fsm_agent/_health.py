@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._context import Kind
+from ._units import format_bytes, parse_size
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -67,15 +68,6 @@ class CheckResult:
         """For the trace."""
         return {"name": self.name, "ok": self.ok, "reason": self.reason,
                 "duration_s": round(self.duration, 6)}
-
-
-def format_bytes(n: float) -> str:
-    """``1.5 GB`` (decimal units, as ``min_free: 10GB`` is read)."""
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    raise AssertionError("unreachable")
 
 
 def _statvfs(path: str, timeout: float) -> os.statvfs_result:
@@ -253,8 +245,6 @@ def _positive(name: str, value: float) -> float:
 
 
 def _disk_free_kind(paths: Sequence[str], min_free: str, timeout: float) -> Callable[..., bool]:
-    from ._trace import parse_size
-
     return _check_guard(HealthCheck("disk_free", "disk_free", {
         "paths": tuple(paths), "min_free": parse_size(str(min_free)),
         "timeout": _positive("timeout", timeout)}))

@@ -52,6 +52,7 @@ from typing import IO, TYPE_CHECKING, Any
 import attrs
 
 from ._files import FileRefused, open_regular, printable
+from ._units import parse_size
 
 if TYPE_CHECKING:
     from ._spec import Spec
@@ -443,27 +444,6 @@ class JsonlTraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-               "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from ``4096``, ``512KB``, ``10MB``, ``1.5GiB`` (``ValueError`` otherwise)."""
-    raw = text.strip().lower()
-    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz").strip()
-    unit = raw[len(number):].strip()
-    if unit not in _SIZE_UNITS or not number:
-        raise ValueError(f"expected a size in bytes, or with KB, MB, GB (or KiB, MiB, GiB), got "
-                         f"{text!r}")
-    try:
-        value = float(number) * _SIZE_UNITS[unit]
-    except ValueError:
-        raise ValueError(f"expected a size in bytes, or with KB, MB, GB, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"expected a size in bytes, got {text!r}")
-    return int(value)
 
 
 def _fold_tail(count: int, wall: float, mono: float) -> str:

@@ -99,7 +99,7 @@ def test_resilient_states_show_their_timer_and_reported_state() -> None:
         assert expected in lines
     # torch's own states report themselves: no "reports" line.
     assert not any(x.startswith("HEALTHY : reports") for x in lines)
-    assert "BACKOFF --> HEALTHY : timeout / rendezvous, start_workers" in lines
+    assert "BACKOFF --> HEALTHY : timeout [node_healthy] / rendezvous, start_workers" in lines
 
 
 def test_mermaid_legend_lists_parameters_vocabulary_and_budget() -> None:
@@ -199,7 +199,7 @@ def test_trace_highlights_rule_and_timeout_edges(tmp_path: Path, capsys) -> None
     assert ("failure_policy --> FAILED : 1. no_retry [no_retry_exit] / stop_workers, "
             "no_requeue ✔ 1×") in edges
     assert "failure_policy --> FAILED : 2. retry [!has_restarts_left] / stop_workers" in edges
-    assert "BACKOFF --> HEALTHY : timeout / rendezvous, start_workers ✔ 2×" in edges
+    assert "BACKOFF --> HEALTHY : timeout [node_healthy] / rendezvous, start_workers ✔ 2×" in edges
     # The legend shows the values the run used, from the trace's header.
     assert "parameters (in force)" in _lines(out)
     assert "no_retry_exit_codes = [3]" in _lines(out) and "backoff_max = 90s" in _lines(out)
