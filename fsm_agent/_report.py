@@ -38,6 +38,7 @@ COLOURS: dict[str, tuple[str, str]] = {
     "rendezvous": ("#2196f3", "rendezvous"),
     "starting": ("#00bcd4", "starting workers"),
     "backoff": ("#ffc107", "backoff"),
+    "hung": ("#e57373", "hung (no progress, before detection)"),
     "barrier": ("#9c27b0", "exit barrier"),
     "stacks": ("#795548", "capturing stacks"),
     "health": ("#607d8b", "health checks"),
@@ -153,8 +154,18 @@ def _timeline(a: JobAnalysis) -> str:
                    f'fill="#5a6570" text-anchor="{"end" if x(lane.end) > width - 60 else "start"}"'
                    f'>{_e(final if not lane.error or final == "FAILED" else "interrupted")}</text>')
         out.append("</g>")
+    rows = {lane.index: row for row, lane in enumerate(a.lanes)}
     for inc in a.incidents:
-        y = _TOP + inc.lane * _LANE_H
+        if inc.hang_idle > 0 and inc.lane in rows:
+            y = _TOP + rows[inc.lane] * _LANE_H
+            x0 = x(max(a.start, inc.start - inc.hang_idle))
+            out.append(f'<rect class="seg seg-hung" x="{x0:.2f}" y="{y + 4}" '
+                       f'width="{max(x(inc.start) - x0, 1.5):.2f}" height="{_LANE_H - 8}" '
+                       f'fill="{COLOURS["hung"][0]}"><title>no progress for '
+                       f'{_e(fmt_seconds(inc.hang_idle))} before the hang was detected</title>'
+                       '</rect>')
+    for inc in a.incidents:
+        y = _TOP + rows.get(inc.lane, 0) * _LANE_H
         ix = x(inc.start)
         colour = "#c62828" if inc.cause not in ("membership change",) else "#1565c0"
         tip = f"{inc.cause} at +{fmt_seconds(inc.start - a.start)}"
@@ -165,9 +176,11 @@ def _timeline(a: JobAnalysis) -> str:
                    f'y2="{y + _LANE_H - 3}" stroke="{colour}" stroke-width="1.5"/>'
                    f'<title>{_e(tip)}</title></g>')
     out.append("</svg>")
+    kinds = {s.kind for ln in a.lanes for s in ln.segments}
+    if any(i.hang_idle > 0 for i in a.incidents):
+        kinds.add("hung")
     legend = "".join(f'<span style="--c:{c}">{_e(label)}</span>' for kind, (c, label)
-                     in COLOURS.items() if any(s.kind == kind for ln in a.lanes
-                                               for s in ln.segments))
+                     in COLOURS.items() if kind in kinds)
     legend += '<span style="--c:#c62828">failure (marker)</span>'
     return f'<div class="legend">{legend}</div><div class="timeline">{"".join(out)}</div>'
 
@@ -182,7 +195,8 @@ def _failure_block(f: FailureInfo) -> str:
         parts.append(f"<p>at {_e(_clock(f.timestamp))}</p>")
     if f.error_file:
         parts.append(f"<p>error file: <code>{_e(f.error_file)}</code></p>")
-    if f.message and f.exception is None and not f.message.startswith("To enable traceback"):
+    if f.message and f.exception is None and not f.hung \
+            and not f.message.startswith("To enable traceback"):
         parts.append(f"<p>{_e(f.message)}</p>")
     if f.traceback:
         parts.append(f"<details><summary>traceback</summary><pre>{_e(f.traceback)}</pre>"
@@ -205,7 +219,7 @@ def _root_cause(a: JobAnalysis) -> str:
             body.append(f"<p><b>node {_e(inc.node)} failed its health check and left the job:"
                         f"</b> {_e(reason)}</p>")
     if x is not None and x.trigger == "hung":
-        body.append(f"<p><b>hang:</b> ranks {_e(', '.join(str(f.rank) for f in x.failures))}"
+        body.append(f"<p><b>hang:</b> rank(s) {_e(', '.join(str(f.rank) for f in x.failures))}"
                     f" made no progress for {_e(fmt_seconds(x.hang_idle))} before detection; "
                     "stacks below.</p>")
     if x is not None and x.decision is not None:
@@ -219,6 +233,7 @@ def _root_cause(a: JobAnalysis) -> str:
 def _incidents(a: JobAnalysis) -> str:
     if not a.incidents:
         return "<p>No failures, hangs or membership changes.</p>"
+    labels = {lane.index: lane.label for lane in a.lanes}
     rows = []
     for n, inc in enumerate(a.incidents, 1):
         ranks = "<br>".join(
@@ -228,7 +243,8 @@ def _incidents(a: JobAnalysis) -> str:
         rows.append(
             f'<tr class="incident-row"><td class="num">{n}</td>'
             f'<td class="num">+{_e(fmt_seconds(inc.start - a.start))}</td>'
-            f"<td>{_e(inc.node)}</td><td>{_e(inc.cause)}</td><td>{ranks}</td>"
+            f"<td>{_e(labels.get(inc.lane, inc.node))}</td><td>{_e(inc.cause)}</td>"
+            f"<td>{ranks}</td>"
             f"<td><code>{_e(d.describe() if d else '-')}</code>"
             + (f"<br><small>{_e(d.description)}</small>" if d and d.description else "")
             + f"</td><td>{_e(d.outcome if d else '-')}</td>"
