@@ -195,8 +195,12 @@ class LifecycleAgentMixin:
         if counted:
             wait = f"; restarting in {step.timer:.3g} s" if step.timer is not None else ""
             rule = f" (rule {step.rule!r})" if step.rule else ""
-            logger.warning("[%s] worker group %s; restart %d of %d%s%s", role, step.observed,
-                           step.restart_count, self._worker_group.spec.max_restarts, rule, wait)
+            allowed = self._worker_group.spec.max_restarts
+            window = self._lifecycle.context.window if self._lifecycle is not None else math.inf
+            of = (f"of {allowed}" if math.isinf(window) else
+                  f"({step.remaining_restarts} of {allowed} left within {window:g} s)")
+            logger.warning("[%s] worker group %s; restart %d %s%s%s", role, step.observed,
+                           step.restart_count, of, rule, wait)
         elif step.trigger == "healthy" and self._fsm_reported[step.dest] == "STOPPED":
             logger.warning("[%s] nodes waiting to join; restarting the worker group "
                            "(membership change, not counted against max_restarts)", role)

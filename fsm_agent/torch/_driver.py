@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetricHandler
@@ -59,9 +60,10 @@ class TorchDriver:
     - ``put_metric``: ``torch.distributed.elastic.metrics.put_metric``.
 
     Before each call into the agent the lifecycle's remaining restarts are copied into
-    ``agent._remaining_restarts`` (``_rendezvous`` logs it, ``_start_workers`` exports
-    ``TORCHELASTIC_RESTART_COUNT``, events carry it); :meth:`bind` gives the driver the
-    lifecycle to read.
+    ``agent._remaining_restarts``; around ``_rendezvous`` and ``_start_workers`` (which derive
+    the restart count from it: the rendezvous log, ``TORCHELASTIC_RESTART_COUNT``, START events)
+    it holds ``max_restarts`` minus the lifecycle's restart count, which differs only under a
+    budget window. :meth:`bind` gives the driver the lifecycle to read.
     """
 
     def __init__(
@@ -98,6 +100,27 @@ class TorchDriver:
         if self._counters is not None:
             self.agent._remaining_restarts = self._counters.remaining_restarts
 
+    @contextlib.contextmanager
+    def _counting_restarts(self) -> Iterator[int]:
+        """Around the calls in which torch derives the restart count from ``max_restarts -
+        _remaining_restarts`` (``TORCHELASTIC_RESTART_COUNT``, the rendezvous log, START
+        events): the agent holds ``max_restarts`` minus the failure restarts so far, so the
+        workers of attempt N see N. Without a budget window that is the remaining restarts
+        anyway; with one, the remaining restarts are the window's (restarts that left the
+        window are given back) and the count would repeat. Yields the restart count."""
+        counters = self._counters
+        if counters is None:
+            spec_max = self.worker_group.spec.max_restarts
+            yield spec_max - self.agent._remaining_restarts
+            return
+        budget = counters.remaining_restarts
+        count = counters.restart_count
+        self.agent._remaining_restarts = self.worker_group.spec.max_restarts - count
+        try:
+            yield count
+        finally:
+            self.agent._remaining_restarts = budget
+
     # -- Driver protocol -------------------------------------------------------------------
 
     def rendezvous(self) -> None:
@@ -107,10 +130,10 @@ class TorchDriver:
         logger.info("[%s] Rendezvous'ing worker group", group.spec.role)
         if self.isolation is not None:
             self.isolation.before_rendezvous(group)
-        self.agent._rendezvous(group)
+        with self._counting_restarts() as restart_count:
+            self.agent._rendezvous(group)
         self._group_world_size = group.group_world_size
         if self.isolation is not None:
-            restart_count = group.spec.max_restarts - self.agent._remaining_restarts
             self.isolation.apply(group, restart_count)
 
     def start_workers(self) -> None:
@@ -121,14 +144,15 @@ class TorchDriver:
         self.sync_counters()
         group = self.worker_group
         logger.info("[%s] Starting worker group", group.spec.role)
-        worker_ids = self.agent._start_workers(group)
-        for local_rank, worker_id in worker_ids.items():
-            worker = group.workers[local_rank]
-            worker.id = worker_id
-            record(
-                self.agent._construct_event("START", EventSource.WORKER, worker),
-                group.spec.event_log_handler,
-            )
+        with self._counting_restarts():
+            worker_ids = self.agent._start_workers(group)
+            for local_rank, worker_id in worker_ids.items():
+                worker = group.workers[local_rank]
+                worker.id = worker_id
+                record(
+                    self.agent._construct_event("START", EventSource.WORKER, worker),
+                    group.spec.event_log_handler,
+                )
         group.state = WorkerState.HEALTHY
         if self._on_started is not None:
             self._on_started()
