@@ -21,35 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 # A spec whose restart also needs a guard of the embedding program's own (``quota_ok``).
-QUOTA_SPEC = """\
-name: quota
-description: Restart only while the cluster's quota allows it (a guard of the program's own).
-states:
-  INIT: {initial: true}
-  HEALTHY: {}
-  UNHEALTHY: {}
-  STOPPED: {}
-  SUCCEEDED: {final: true, enter: [exit_barrier]}
-  FAILED: {final: true}
-  UNKNOWN: {final: true}
-transitions:
-  - {trigger: start, source: INIT, dest: HEALTHY, actions: [rendezvous, start_workers]}
-  - {trigger: succeeded, source: HEALTHY, dest: SUCCEEDED}
-  - {trigger: [failed, unhealthy], source: HEALTHY, dest: UNHEALTHY}
-  - trigger: always
-    source: UNHEALTHY
-    dest: STOPPED
-    guards: [has_restarts_left, quota_ok]
-    actions: [consume_restart, stop_workers]
-  - {trigger: always, source: UNHEALTHY, dest: FAILED, unless: [has_restarts_left],
-     actions: [stop_workers]}
-  - {trigger: always, source: UNHEALTHY, dest: FAILED, guards: [has_restarts_left],
-     unless: [quota_ok], actions: [stop_workers]}
-  - {trigger: always, source: STOPPED, dest: HEALTHY, actions: [rendezvous, start_workers]}
-  - {trigger: healthy, source: HEALTHY, dest: HEALTHY}
-  - {trigger: [unknown, init, stopped], source: HEALTHY, dest: UNKNOWN,
-     after: [raise_invalid_state]}
-"""
+QUOTA_SPEC = ROOT / "tests" / "specs" / "vocabulary" / "quota.yaml"
 
 VOCAB_MODULE = """\
 import fsm_agent
@@ -62,7 +34,7 @@ NOT_A_VOCABULARY = {"quota_ok": lambda ctx: True}
 @pytest.fixture
 def custom(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``quota.yaml`` and the module ``my_vocab`` in the working directory (as a user has them)."""
-    (tmp_path / "quota.yaml").write_text(QUOTA_SPEC)
+    (tmp_path / "quota.yaml").write_text(QUOTA_SPEC.read_text())
     (tmp_path / "my_vocab.py").write_text(VOCAB_MODULE)
     (tmp_path / "my_broken_vocab.py").write_text("raise RuntimeError('boom')\n")
     monkeypatch.chdir(tmp_path)
