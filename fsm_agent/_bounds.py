@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import textwrap
 from collections.abc import Mapping
 from typing import Any
 
@@ -256,6 +257,8 @@ def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
     if values:
         head.append("  parameters: " + ", ".join(f"{k}={_param_text(spec, k, v)}"
                                                 for k, v in sorted(values.items())))
+    head = [textwrap.fill(line, 100, subsequent_indent="    ", break_on_hyphens=False)
+            for line in head]
     rows = [("scenario", "restarts", "gives up after", "outcome", "where the time goes")]
     for b in results:
         # A loop that never ends: what one restart costs, on average.

@@ -25,6 +25,7 @@ from ._common import (
     make_parser,
     print_json,
     run_command,
+    shown,
     spec_params,
 )
 
@@ -111,8 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _limits(args: argparse.Namespace) -> Any:
-    from .._bounds import Limits
-
+    """The ``Limits`` of ``--bounds`` (None without it; its flags alone are a usage error)."""
     given = {"max_restarts": args.max_restarts, "monitor_interval": args.monitor_interval,
              "rendezvous_timeout": args.rdzv_timeout, "stop_timeout": args.stop_timeout,
              "exit_barrier_timeout": args.exit_barrier_timeout}
@@ -123,6 +123,9 @@ def _limits(args: argparse.Namespace) -> Any:
         used = [flags[k] for k, v in given.items() if v is not None]
         if used:
             raise UsageError(f"{used[0]} goes with --bounds")
+        return None
+    from .._bounds import Limits
+
     values: dict[str, Any] = {k: _LIMIT_DEFAULTS[k] if v is None else v for k, v in given.items()}
     return Limits(**values)
 
@@ -155,13 +158,16 @@ def _check(argv: list[str]) -> int:
         failed.append(None)
         # --spec-param against every spec given: a bad value is bad input (exit 2), reported
         # before any output.
-        values = spec_params(args, spec, max_restarts=limits.max_restarts,
-                             exit_barrier_timeout=limits.exit_barrier_timeout)
+        settings = _LIMIT_DEFAULTS if limits is None else {
+            "max_restarts": limits.max_restarts,
+            "exit_barrier_timeout": limits.exit_barrier_timeout}
+        values = spec_params(args, spec, max_restarts=int(settings["max_restarts"]),
+                             exit_barrier_timeout=float(settings["exit_barrier_timeout"]))
         entry.update(name=spec.name, path=spec.path, states=len(spec.states),
                      transitions=sum(1 for _ in spec.edges()),
                      params={p.name: format_param(p.type, values[p.name])
                              for p in sorted(spec.params, key=lambda p: p.name)})
-        if args.bounds:
+        if limits is not None:
             from .._bounds import bounds, bounds_json, format_bounds
 
             found = bounds(spec, values, limits)
@@ -178,7 +184,7 @@ def _check(argv: list[str]) -> int:
             continue
         if not args.quiet:
             extra = "".join(f"; {k}={entry['params'][k]}" for k in sorted(given))
-            print(f"{entry['path']}: ok ({entry['name']}: {entry['states']} states, "
+            print(f"{shown(entry['path'])}: ok ({entry['name']}: {entry['states']} states, "
                   f"{entry['transitions']} transitions{extra})")
         if table is not None:
             print(f"\n{table}\n")
