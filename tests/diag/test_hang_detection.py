@@ -101,3 +101,30 @@ def test_a_deadlock_every_attempt_gives_up_with_a_summary_naming_the_stacks(
     records = trace_records(trace)
     assert records[-1]["dest"] == "FAILED"
     json.dumps(records)
+
+
+RELIABILITY_WORKER = Path(__file__).parents[1] / "reliability" / "scripts" / "worker.py"
+
+
+@pytest.mark.timeout(180)
+def test_torchs_timer_api_delivers_hung_too_stacks_before_the_kill(
+    jobs: Jobs, tmp_path: Path
+) -> None:
+    # The worker arms torch's own deadline around each step; rank 1 blocks inside one.
+    trace = tmp_path / "trace.jsonl"
+    env = {"HANG_RANK": "1", "HANG_ATTEMPTS": "0", "STEPS": "40", "STEP_TIMEOUT": "1",
+           "TORCHELASTIC_ENABLE_FILE_TIMER": "1",
+           "TORCHELASTIC_TIMER_FILE": str(tmp_path / "timer.fifo")}
+    job = jobs.start([*ARGS, "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
+                      "--trace", str(trace)], RELIABILITY_WORKER, env=env)
+    assert job.wait(150) == 0, job.output
+    [hung] = _hung_steps(trace)
+    diag = hung["diagnostics"]
+    assert isinstance(diag, dict) and diag["hang"]["source"] == "timer"
+    assert [w["rank"] for w in diag["hang"]["workers"]] == [1]
+    assert "timer" in diag["hang"]["workers"][0]["why"]
+    stacks = {s["rank"]: s for s in diag["stacks"]}
+    assert 1 in stacks and stacks[1]["method"] == "py-spy"
+    assert "main" in stack_functions(Path(stacks[1]["path"]).read_text())
+    path = [(r["source"], r["dest"]) for r in trace_records(trace) if r.get("kind") == "step"]
+    assert path[-1] == ("HEALTHY", "SUCCEEDED") and ("UNHEALTHY", "STOPPED") in path

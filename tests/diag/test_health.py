@@ -99,3 +99,29 @@ def test_a_late_node_failing_a_check_leaves_and_the_job_goes_on(
     checks = [r for r in trace_records(tmp_path / "first.jsonl")
               if r.get("diagnostics", {}).get("health")]  # type: ignore[union-attr]
     assert len(checks) == 1 and checks[0]["dest"] == "HEALTHY"
+
+
+def test_a_custom_check_from_the_vocabulary_makes_the_lifecycle_leave(tmp_path: Path) -> None:
+    from fsm_agent import Lifecycle, Vocabulary
+    from fsm_agent._health import LeftJob
+    from fsm_agent.testing import RecordingDriver
+
+    # The test spec, its all_of extended with a check the embedding program registers.
+    text = SPEC.read_text().replace("all_of: [disk_ok, store_ok, command_ok]",
+                                    "all_of: [disk_ok, gpu_ok]")
+    path = tmp_path / "custom.yaml"
+    path.write_text(text)
+    seen: list[str] = []
+
+    def gpu_ok(ctx: object) -> bool:
+        seen.append("gpu_ok")
+        return False
+
+    spec = load_spec(str(path), vocabulary=Vocabulary.builtin().extend(guards={"gpu_ok": gpu_ok}))
+    driver = RecordingDriver(["HEALTHY", "SUCCEEDED"])
+    lc = Lifecycle(spec, driver)
+    with pytest.raises(LeftJob) as info:
+        lc.run(0.0)
+    assert info.value.exit_code == 75 and lc.exit_code == 75
+    assert lc.state_name == "LEFT" and seen == ["gpu_ok"]
+    assert not [c for c in driver.calls if c[0] == "rendezvous"]  # it never joined

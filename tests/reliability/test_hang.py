@@ -34,6 +34,9 @@ def test_with_the_watchdog_a_hung_worker_makes_the_group_unhealthy_and_restarts(
     failures = step["failures"]
     assert isinstance(failures, dict) and list(failures) == ["1"], failures
     assert "worker hung: timer" in failures["1"]["message"], failures
+    # every worker's stacks were taken before the kill, and the failure names rank 1's
+    assert "; stacks: " in failures["1"]["message"], failures
+    assert {s["rank"] for s in step["diagnostics"]["stacks"]} == {0, 1}
     # Restarted per the spec: UNHEALTHY --always [has_restarts_left]--> STOPPED --> HEALTHY.
     path = [(r["source"], r["dest"]) for r in records if r.get("kind") == "step"]
     i = path.index(("HEALTHY", "UNHEALTHY"))
