@@ -123,3 +123,19 @@ def test_the_report_renders_in_chromium(failed_job: Path, tmp_path: Path) -> Non
         shutil.copy(shot, target)
     # the job's own records are all there
     assert len(trace_records(failed_job)) > 5
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_readme_example_two_agents_hang_crash_and_recover(tmp_path: Path) -> None:
+    """examples/report_demo.py, which made docs/report-example.png, still does what it says."""
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "report_demo.py"),
+                           str(tmp_path / "demo")], capture_output=True, text=True,
+                          timeout=380, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = dom(tmp_path / "demo" / "report.html")
+    assert doc.one(id="outcome").text == "SUCCEEDED"
+    assert len(doc.one("svg", id="timeline").find_all("g", cls="lane")) == 2
+    causes = [r.find_all("td")[3].text for r in doc.find_all("tr", cls="incident-row")]
+    assert "hang" in causes and "exit code 1 (ValueError)" in causes, causes
+    assert doc.find_all("details", cls="stack")
