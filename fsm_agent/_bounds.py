@@ -11,7 +11,10 @@ the answer:
 - **slowest**: the failure is seen at the next monitor tick, torch closes the rest of the failed
   group within the stop timeout (``PContext.close`` in the monitor's poll), every stop of workers
   still running takes the stop timeout, every rendezvous takes the c10d join timeout, the exit
-  barrier its timeout, a declared action its budget, and every backoff draws the high end.
+  barrier its timeout, a declared action its budget, a node health check with something to do
+  its budget, and every backoff draws the high end.
+
+Health checks are never run (they pass); neither is anything else: the driver only keeps time.
 
 Nothing is restated: timers, windows, rules and budgets are the spec's. A crash loop that has
 not given up after :data:`HORIZON_S` of virtual time, or :data:`MAX_RESTARTS_SEEN` restarts
@@ -74,6 +77,7 @@ class Bound:
     # was stopped; ``spent`` covers exactly this much).
     simulated: float = 0.0
     restarts_made: int = 0
+    attempts: int = 0  # starts of the workers
 
 
 class _Stop(BaseException):
@@ -146,6 +150,19 @@ class _CrashLoop:
     def num_nodes_waiting(self) -> int:
         return 0
 
+    def check_health(self, check: Any) -> Any:
+        """A node health check (``fsm_agent._health``): never run here (``check`` must not run
+        a user's command); it passes, after its whole budget in the slow run when it has
+        something to do."""
+        from ._health import CheckResult
+
+        args = getattr(check, "args", {})
+        idle = ((check.kind == "command_succeeds" and not str(args.get("command", "")).strip())
+                or (check.kind == "disk_free" and not args.get("paths")))
+        seconds = 0.0 if idle else float(check.budget)
+        self.take("health checks", seconds)
+        return CheckResult(check.name, True, "assumed to pass", seconds if self.slow else 0.0)
+
     def exit_barrier(self, timeout: float) -> None:
         self.take("exit barrier", min(timeout, self.limits.exit_barrier_timeout))
 
@@ -197,7 +214,7 @@ def _run(spec: Spec, values: Mapping[str, Any], limits: Limits, slow: bool) -> B
         spent = {**driver.spent, **waits}
         return Bound(scenario, None, None, f"never gives up (still restarting after "
                      f"{format_duration(clock.now())})", spent, simulated=clock.now(),
-                     restarts_made=lc.restart_count)
+                     restarts_made=lc.restart_count, attempts=driver.starts)
     except Exception as e:
         # The spec's own way of giving up (torchelastic raises WorkerGroupFailureException).
         outcome = f"ends {lc.state_name} ({type(e).__name__})"
@@ -205,7 +222,7 @@ def _run(spec: Spec, values: Mapping[str, Any], limits: Limits, slow: bool) -> B
         outcome += f", exit code {lc.exit_code}"
     spent = {**driver.spent, **waits}
     return Bound(scenario, lc.restart_count, clock.now(), outcome, spent, lc.state_name,
-                 lc.exit_code, clock.now(), lc.restart_count)
+                 lc.exit_code, clock.now(), lc.restart_count, driver.starts)
 
 
 def bounds(spec: Spec, params: Mapping[str, Any] | None = None,
@@ -235,7 +252,7 @@ def format_duration(seconds: float | None) -> str:
 
 
 def _param_text(spec: Spec, name: str, value: Any) -> str:
-    return format_param(spec.param(name).type, value)
+    return '""' if value == "" else format_param(spec.param(name).type, value)
 
 
 def _values(spec: Spec, params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -253,7 +270,8 @@ def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
             f"({format_seconds(limits.monitor_interval)}), each rendezvous "
             f"{format_seconds(limits.rendezvous_timeout)}, each stop "
             f"{format_seconds(limits.stop_timeout)}, exit barrier "
-            f"{format_seconds(limits.exit_barrier_timeout)}, jitter at its high end"]
+            f"{format_seconds(limits.exit_barrier_timeout)}, health checks their budgets, jitter "
+            f"at its high end"]
     if values:
         head.append("  parameters: " + ", ".join(f"{k}={_param_text(spec, k, v)}"
                                                 for k, v in sorted(values.items())))
@@ -261,12 +279,12 @@ def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
             for line in head]
     rows = [("scenario", "restarts", "gives up after", "outcome", "where the time goes")]
     for b in results:
-        # A loop that never ends: what one restart costs, on average.
-        per = 1.0 if b.seconds is not None else 1.0 / max(1, b.restarts_made)
+        # A loop that never ends: what one attempt costs, on average.
+        per = 1.0 if b.seconds is not None else 1.0 / max(1, b.attempts)
         where = ", ".join(f"{k} {format_duration(v * per)}" for k, v in
                           sorted(b.spent.items(), key=lambda kv: -kv[1]) if v > 0) or "-"
         if b.seconds is None and where != "-":
-            where = "per restart: " + where
+            where = "per attempt: " + where
         rows.append((b.scenario, "no limit" if b.restarts is None else str(b.restarts),
                      format_duration(b.seconds), b.outcome, where))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -288,13 +306,13 @@ def bounds_json(spec: Spec, results: list[Bound], limits: Limits,
     return {
         "name": spec.name,
         "path": spec.path,
-        "params": {k: _param_text(spec, k, v) for k, v in sorted(values.items())},
+        "params": {k: format_param(spec.param(k).type, v) for k, v in sorted(values.items())},
         "limits": attrs.asdict(limits),
         "scenarios": [{"scenario": b.scenario, "restarts": b.restarts,
                        "gives_up_after": None if b.seconds is None else round(b.seconds, 6),
                        "final_state": b.final_state, "exit_code": b.exit_code,
                        "outcome": b.outcome, "simulated": round(b.simulated, 6),
-                       "restarts_made": b.restarts_made,
+                       "restarts_made": b.restarts_made, "attempts": b.attempts,
                        "spent": {k: round(v, 6) for k, v in
                                  sorted(b.spent.items(), key=lambda kv: -kv[1])}}
                       for b in results],

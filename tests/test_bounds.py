@@ -12,6 +12,7 @@ import pytest
 
 from fsm_agent import load_spec, parse_spec
 from fsm_agent._bounds import Limits, bounds, bounds_json, format_bounds, format_duration
+from fsm_agent._health import health_budget
 from fsm_agent.cli import main
 
 LIMITS = Limits(max_restarts=3, monitor_interval=0.5, rendezvous_timeout=120.0,
@@ -21,6 +22,14 @@ LIMITS = Limits(max_restarts=3, monitor_interval=0.5, rendezvous_timeout=120.0,
 def backoffs(n: int, initial: float = 1.0, factor: float = 2.0, cap: float = 60.0) -> list[float]:
     """The resilient preset's first ``n`` backoffs, from its documented formula (no jitter)."""
     return [min(cap, initial * factor**i) for i in range(n)]
+
+
+def health_checks(joins: int, params: dict[str, Any] | None = None, *, busy: bool = False) -> float:
+    """What the resilient preset's node health checks before every (re)join add to its slowest
+    loop: each check's budget; by default only the store check has something to do (no disk
+    paths, no command are configured), with ``busy`` all three do."""
+    budget = health_budget(load_spec("resilient"), params)
+    return joins * (sum(budget.values()) if busy else budget["store_ok"])
 
 
 def slowest_loop(limits: Limits) -> float:
@@ -57,7 +66,8 @@ def test_resilient_adds_its_backoffs_drawn_at_each_end_of_the_jitter(jitter: flo
     fast, slow = bounds(load_spec("resilient"), {"backoff_jitter": jitter}, LIMITS)
     waits = backoffs(LIMITS.max_restarts)
     assert fast.seconds == pytest.approx(sum(waits) * (1 - jitter))
-    assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + sum(waits) * (1 + jitter))
+    assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + sum(waits) * (1 + jitter)
+                                         + health_checks(LIMITS.max_restarts + 1))
     assert fast.spent == pytest.approx({"waiting in BACKOFF": sum(waits) * (1 - jitter)}
                                        if fast.seconds else {})
     assert (fast.restarts, slow.restarts) == (3, 3)
@@ -77,9 +87,10 @@ def test_resilient_backoff_starts_again_after_an_attempt_as_long_as_backoff_rese
     params = {"backoff_jitter": 0, "backoff_reset": attempt}
     fast, slow = bounds(load_spec("resilient"), params, LIMITS)
     assert fast.seconds == pytest.approx(sum(backoffs(3)))  # attempts of 0 s: no reset
-    assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + 3 * 1.0)
+    joins = health_checks(LIMITS.max_restarts + 1)
+    assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + 3 * 1.0 + joins)
     _, slow = bounds(load_spec("resilient"), {**params, "backoff_reset": attempt + 1}, LIMITS)
-    assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + sum(backoffs(3)))
+    assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + sum(backoffs(3)) + joins)
 
 
 @pytest.mark.parametrize("restarts", [1, 2, 4])
@@ -109,7 +120,8 @@ def test_a_no_retry_exit_code_gives_up_at_once_with_its_exit_code() -> None:
     # The crash loop's workers exit with 1.
     fast, slow = bounds(load_spec("resilient"), {"no_retry_exit_codes": "1"}, LIMITS)
     assert (fast.restarts, fast.seconds, fast.exit_code) == (0, 0.0, 93)
-    one_attempt = LIMITS.monitor_interval + LIMITS.stop_timeout + LIMITS.rendezvous_timeout
+    one_attempt = (LIMITS.monitor_interval + LIMITS.stop_timeout + LIMITS.rendezvous_timeout
+                   + health_checks(1))
     assert (slow.restarts, slow.seconds) == (0, pytest.approx(one_attempt))
     assert "exit code 93" in slow.outcome
     fast, _ = bounds(load_spec("resilient"), {"no_retry_exit_codes": "2,3"}, LIMITS)
@@ -126,9 +138,24 @@ def test_declared_action_budgets_count_in_the_slowest_loop() -> None:
     spec = parse_spec(budgeted)
     fast, slow = bounds(spec, {"no_retry_exit_codes": "1"}, LIMITS)
     assert fast.seconds == 0.0
-    one_attempt = LIMITS.monitor_interval + LIMITS.stop_timeout + LIMITS.rendezvous_timeout
+    one_attempt = (LIMITS.monitor_interval + LIMITS.stop_timeout + LIMITS.rendezvous_timeout
+                   + health_checks(1))
     assert slow.seconds == pytest.approx(one_attempt + 2.5)
     assert slow.spent["action no_requeue"] == 2.5
+
+
+def test_health_checks_are_never_run_and_count_their_budget_when_they_have_work(
+        tmp_path: Any) -> None:
+    marker = tmp_path / "ran"
+    params = {"health_command": f"touch {marker}", "health_disk_paths": str(tmp_path),
+              "health_command_timeout": "45s", "backoff_jitter": "0"}
+    fast, slow = bounds(load_spec("resilient"), params, LIMITS)
+    assert not marker.exists()  # check --bounds never runs a user's command
+    assert fast.seconds == pytest.approx(sum(backoffs(3)))
+    joins = LIMITS.max_restarts + 1
+    expected = health_checks(joins, {**params, "health_command_timeout": 45.0}, busy=True)
+    assert slow.spent["health checks"] == pytest.approx(expected) == joins * (10 + 10 + 45)
+    assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + sum(backoffs(3)) + expected)
 
 
 FOREVER = """\
