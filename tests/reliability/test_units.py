@@ -3,6 +3,7 @@ real TCPStores) and the process-group reaper (with real processes)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -90,6 +91,51 @@ def test_barrier_lets_a_signal_through(store_pair) -> None:  # type: ignore[no-u
         assert time.monotonic() - start < 2
     finally:
         signal.signal(signal.SIGUSR1, old)
+    # nothing of the interrupted wait is left: stderr is the same file, the wake-up fd is free
+    assert signal.set_wakeup_fd(-1) == -1
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_whose_handler_returns_does_not_end_the_barrier(store_pair) -> None:  # type: ignore[no-untyped-def]
+    """A handler that only takes note (no exception): the barrier goes on waiting, on a new
+    connection, and is released by the other member as usual; stderr is untouched after it."""
+    from torch.distributed.elastic.utils.store import barrier
+
+    server, client = store_pair
+    seen: list[int] = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    stderr_before = os.fstat(2)
+    try:
+        threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGUSR1)).start()
+        other = threading.Timer(1.0, lambda: barrier(client, 2, "note", barrier_timeout=20))
+        other.start()
+        interruptible_barrier(server, 2, "note", timeout=30)
+        other.join(20)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert seen == [signal.SIGUSR1]
+    assert (os.fstat(2).st_dev, os.fstat(2).st_ino) == (stderr_before.st_dev, stderr_before.st_ino)
+    assert signal.set_wakeup_fd(-1) == -1
+
+
+@pytest.mark.timeout(60)
+def test_off_the_main_thread_the_barrier_polls_and_still_meets(store_pair) -> None:  # type: ignore[no-untyped-def]
+    from torch.distributed.elastic.utils.store import barrier
+
+    server, client = store_pair
+    errors: list[BaseException] = []
+
+    def ours() -> None:
+        try:
+            interruptible_barrier(server, 2, "thread", timeout=20)
+        except BaseException as e:
+            errors.append(e)
+
+    t = threading.Thread(target=ours)
+    t.start()
+    barrier(client, 2, "thread", barrier_timeout=20)
+    t.join(20)
+    assert not t.is_alive() and not errors
 
 
 LEADER = """
