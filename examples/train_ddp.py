@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps-per-epoch", type=int, default=8)
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--crash-at-epoch", type=int, default=None)
+    parser.add_argument("--epoch-seconds", type=float, default=0.0,
+                        help="sleep this long per epoch (time for a node to join or fail)")
     return parser.parse_args(argv)
 
 
@@ -83,6 +86,7 @@ def main(argv: list[str]) -> int:
             loss = nn.functional.mse_loss(model(bx), by)
             loss.backward()
             opt.step()
+        time.sleep(args.epoch_seconds)
         total = loss.detach().clone()
         dist.all_reduce(total)
         if rank == 0:

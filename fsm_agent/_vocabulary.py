@@ -70,11 +70,13 @@ def _consume_restart(ctx: Context) -> None:
 def _exit_barrier(ctx: Context) -> None:
     # As torch's SimpleElasticAgent._exit_barrier: a barrier failure is logged, never raised,
     # because it must not change the job's outcome; a termination signal still propagates.
+    # torch's lines, word for word (fsm-agent run's output reads as torchrun's)
+    timeout = ctx.exit_barrier_timeout
     log.info(
-        "[%s] Local worker group finished (%s). Waiting %s seconds for other agents to finish",
-        ctx.role,
+        "Local worker group finished (WorkerState.%s). Waiting %s seconds for other agents to "
+        "finish",
         ctx.state,
-        ctx.exit_barrier_timeout,
+        int(timeout) if float(timeout).is_integer() else timeout,
     )
     start = time.monotonic()
     try:
@@ -83,16 +85,10 @@ def _exit_barrier(ctx: Context) -> None:
         raise
     except Exception:
         log.exception(
-            "[%s] Error waiting on exit barrier. Elapsed: %.3f seconds",
-            ctx.role,
-            time.monotonic() - start,
+            "Error waiting on exit barrier. Elapsed: %s seconds", time.monotonic() - start
         )
     else:
-        log.info(
-            "[%s] Done waiting for other agents. Elapsed: %.3f seconds",
-            ctx.role,
-            time.monotonic() - start,
-        )
+        log.info("Done waiting for other agents. Elapsed: %s seconds", time.monotonic() - start)
 
 
 def _raise_failure(ctx: Context) -> None:

@@ -168,7 +168,8 @@ class Job:
 
     def barrier_count(self) -> int:
         """How many times the exit barrier was entered (the engine logs it at INFO)."""
-        return len(re.findall(r"fsm_agent\] \[\w+\] Local worker group finished", self.output))
+        return len(re.findall(r"^\S+ \S+ \d+ fsm_agent/\S+\] Local worker group finished",
+                              self.output, re.M))
 
     def wait_output(self, text: str, timeout: float) -> None:
         """Wait until the job's output contains ``text``."""
@@ -187,6 +188,8 @@ class Jobs:
 
     def __init__(self, tmp_path: Path, *, shutdown_timeout: int = 5,
                  default_script: Path | str | None = None) -> None:
+        # the jobs run torch's agent: where torch is not installed (docs/compat.md) this skips
+        import torch  # noqa: F401
         self.tmp_path = tmp_path
         self.token = uuid.uuid4().hex
         self.jobs: list[Job] = []
@@ -250,14 +253,22 @@ class Jobs:
         return kill_leftovers(self.token)
 
 
-def kill_leftovers(token: str, keep: set[int | None] | frozenset[int] = frozenset(),
-                   grace: float = 5.0) -> set[int]:
-    """Processes with ``token`` or below this one (but ``keep``), still alive after ``grace``
-    seconds: killed, and returned (a leak)."""
+def session_helpers() -> set[int | None]:
+    """multiprocessing's forkserver and resource tracker, if this process started them: they
+    live as long as it does (tests/torch_upstream starts its workers through a forkserver)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    return {getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None)}
+
+
+def kill_leftovers(token: str, grace: float = 5.0) -> set[int]:
+    """Processes with ``token`` or below this one (but :func:`session_helpers`), still alive
+    after ``grace`` seconds: killed, and returned (a leak)."""
     deadline = time.monotonic() + grace
     while True:
         # Workers may still be on their way out just after their agent ended.
-        left = (pids_with_token(token) | descendants(os.getpid())) - keep
+        left = (pids_with_token(token) | descendants(os.getpid())) - session_helpers()
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -18,7 +18,7 @@ import socket
 import sys
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from .._analysis import RunRecorder, format_text
 from .._errors import SpecError
@@ -81,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="How long an agent whose workers finished waits for the other agents (default 300).",
     )
     group.add_argument(
+        "--shared-worker-store",
+        dest="isolate_worker_store",
+        action="store_false",
+        help="Restarted workers use the agent's store, as torchrun's (with --rdzv-backend "
+        "static: the --master-port store on every attempt). Default: every restart gets a fresh "
+        "store, because the previous attempt's keys in it break gloo's connect (docs/runner.md); "
+        "the first attempt uses --master-port either way.",
+    )
+    group.add_argument(
         "--trace",
         dest="trace",
         default=None,
@@ -128,8 +137,14 @@ def _prepare(args: argparse.Namespace) -> None:
         args.rdzv_backend = "c10d"
         args.rdzv_endpoint = "localhost:0"
         args.rdzv_id = str(uuid.uuid4())
+        # torchrun's banner (torch.distributed.run.run), word for word
         logger.info(
-            "Rendezvous info: --rdzv-backend=%s --rdzv-endpoint=%s --rdzv-id=%s",
+            "\n**************************************\n"
+            "Rendezvous info:\n"
+            "--rdzv-backend=%s "
+            "--rdzv-endpoint=%s "
+            "--rdzv-id=%s\n"
+            "**************************************\n",
             args.rdzv_backend,
             args.rdzv_endpoint,
             args.rdzv_id,
@@ -144,10 +159,19 @@ def _prepare(args: argparse.Namespace) -> None:
             args.rdzv_id = str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
-    if args.rdzv_endpoint == "localhost:0" and args.local_addr is None:
-        # a single-node job's stores listen on loopback only (fsm_agent.torch._loopback);
-        # the workers must be told to reach them there, not at this host's name.
+    if args.local_addr is None and args.rdzv_backend == "c10d" and _loopback_endpoint(
+        args.rdzv_endpoint
+    ):
+        # a rendezvous on loopback keeps its stores there (fsm_agent.torch._loopback); the
+        # workers must be told to reach them there, not at this host's name.
         args.local_addr = "127.0.0.1"
+
+
+def _loopback_endpoint(endpoint: str | None) -> bool:
+    from ..torch._loopback import is_loopback
+
+    host, _, port = (endpoint or "").rpartition(":")
+    return bool(host) and port.isdigit() and is_loopback(host)
 
 
 class _AgentRef:
@@ -229,14 +253,39 @@ def _print_summary(recorder: RunRecorder | None, spec: Any) -> None:
     print("\n" + text, end="", file=sys.stderr)
 
 
+class TorchStyleFormatter(logging.Formatter):
+    """The layout of torch's log lines (``torch._logging``), so that ``fsm-agent run``'s output
+    reads like torchrun's: ``I1203 03:13:59.104000 9021 fsm_agent/torch/_launch.py:88] text``,
+    the prefix repeated on every line of a multi-line message."""
+
+    _LEVELS: ClassVar[dict[str, str]] = {
+        "DEBUG": "V", "INFO": "I", "WARNING": "W", "ERROR": "E", "CRITICAL": "C"}
+    _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info:
+            record.exc_text = record.exc_text or self.formatException(record.exc_info)
+        if record.exc_text:
+            text = f"{text}\n{record.exc_text}" if text else record.exc_text
+        path = record.pathname
+        if path.startswith(self._ROOT + os.sep):
+            path = os.path.relpath(path, self._ROOT)
+        prefix = (f"{self._LEVELS.get(record.levelname, record.levelname)}"
+                  f"{self.formatTime(record, '%m%d %H:%M:%S')}.{int(record.msecs * 1000):06d} "
+                  f"{record.process} {path}:{record.lineno}]")
+        return "\n".join(f"{prefix} {line}" for line in text.split("\n"))
+
+
 def _configure_logging() -> None:
-    # torch's elastic loggers honour LOGLEVEL (default WARNING); ours follow the same switch.
+    # torch's elastic loggers honour LOGLEVEL (default WARNING); ours follow the same switch,
+    # in torch's layout.
     level = os.environ.get("LOGLEVEL", "WARNING").upper()
     log = logging.getLogger("fsm_agent")
     log.setLevel(level)
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname).1s %(asctime)s %(name)s] %(message)s"))
+        handler.setFormatter(TorchStyleFormatter())
         log.addHandler(handler)
 
 
@@ -297,6 +346,7 @@ def main(argv: Sequence[str]) -> int:
                 listeners=listeners,
                 on_agent=lambda agent: setattr(ref, "agent", agent),
                 lifecycle_params=params,
+                isolate_worker_store=args.isolate_worker_store,
             )
 
         # torchrun's main is @record: the root cause's error file is copied to the launcher's

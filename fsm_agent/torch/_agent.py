@@ -23,6 +23,7 @@ from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
 from fsm_agent._params import bind_params
+from fsm_agent.torch._compat import enabled, require_core
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._fastpath import (
     cheap_rendezvous_events,
@@ -105,6 +106,9 @@ class LifecycleAgentMixin:
         lifecycle_params: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        # torch's internals this adapter needs, checked once per process (_compat.py): a torch
+        # without them is one clear error here; a missing optional one turns its feature off.
+        require_core()
         # Load (and check) the spec and its parameters before the agent allocates anything: a
         # bad spec or value is a clear SpecError at construction, not after the first rendezvous.
         self._lifecycle_spec: Spec = load_spec(lifecycle_spec)
@@ -207,12 +211,10 @@ class LifecycleAgentMixin:
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         spec = self._worker_group.spec
-        logger.info(
-            "[%s] starting workers for entrypoint: %s (lifecycle spec %r)",
-            spec.role,
-            spec.get_entrypoint_name(),
-            self._lifecycle_spec.name,
-        )
+        # torch's line, word for word; then which spec runs the loop
+        logger.info("[%s] starting workers for entrypoint: %s", spec.role,
+                    spec.get_entrypoint_name())
+        logger.info("[%s] lifecycle spec: %s", spec.role, self._lifecycle_spec.name)
         lifecycle = self._make_lifecycle()
         self._lifecycle = lifecycle
         try:
@@ -408,7 +410,7 @@ class LifecycleAgentMixin:
         if pcontext is not None and self._fsm_hangs is not None:
             self._fsm_hangs.watch({w.local_rank: pid for w in self._worker_group.workers
                                    if (pid := pcontext.pids().get(w.local_rank)) is not None})
-        if pcontext is None or self._fsm_waker_failed:
+        if pcontext is None or self._fsm_waker_failed or not enabled("wakeup"):
             return
         try:
             waker = self._fsm_waker()
@@ -440,9 +442,8 @@ class LifecycleAgentMixin:
         # Created on first use, so subclasses whose __init__ runs first need nothing extra.
         waker = self._fsm_exit_waker
         if waker is None:
-            waker = self._fsm_exit_waker = WorkerExitWaker(
-                "tick" if self._fsm_waker_failed else None
-            )
+            plain = self._fsm_waker_failed or not enabled("wakeup")
+            waker = self._fsm_exit_waker = WorkerExitWaker("tick" if plain else None)
         return waker
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:

@@ -11,6 +11,7 @@ from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetr
 from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
 from fsm_agent._health import CheckResult, HealthCheck
+from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._fastpath import cached_nodes_waiting
 from fsm_agent.torch._isolation import WorkerStoreIsolation
 
@@ -180,6 +181,13 @@ class TorchDriver:
         before = self.agent._remaining_restarts
         result = self.agent._monitor_workers(group)
         group.state = result.state
+        if result.state.name == "SUCCEEDED":  # torch's line before its exit barrier
+            timeout = self.agent._exit_barrier_timeout
+            logger.info(
+                "[%s] worker group successfully finished. Waiting %s seconds for other agents "
+                "to finish.",
+                group.spec.role, int(timeout) if float(timeout).is_integer() else timeout,
+            )
         if self.agent._remaining_restarts < before and self._counters is not None:
             # LocalElasticAgent zeroes _remaining_restarts when a worker is stuck in D-state
             # ("a fresh worker would conflict"); the lifecycle owns the counter, so pass it on.
@@ -217,13 +225,19 @@ class TorchDriver:
         # LocalElasticAgent's health check reports "alive" while this flag is set.
         self.agent._in_exit_barrier = True
         try:
-            # torch's store barrier blocks signals for the whole timeout; same keys.
-            interruptible_barrier(
-                store=self.agent._store,
-                world_size=world_size,
-                key_prefix=_TERMINAL_STATE_SYNC_ID,
-                timeout=timeout,
-            )
+            if enabled("barrier"):
+                # torch's store barrier blocks signals for the whole timeout; same keys.
+                interruptible_barrier(
+                    store=self.agent._store,
+                    world_size=world_size,
+                    key_prefix=_TERMINAL_STATE_SYNC_ID,
+                    timeout=timeout,
+                )
+            else:
+                from torch.distributed.elastic.utils.store import barrier
+
+                barrier(store=self.agent._store, world_size=world_size,
+                        key_prefix=_TERMINAL_STATE_SYNC_ID, barrier_timeout=timeout)
         finally:
             self.agent._in_exit_barrier = False
 

@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fsm_agent.torch._compat import enabled
+
 __all__ = [
     "DEFAULT_SYNC_POLL",
     "cached_nodes_waiting",
@@ -71,11 +73,11 @@ def fast_rendezvous(
     ``first``: this is the agent's first rendezvous. Only then, and only when more than one node
     may join, is torch's random start-up skew kept (its purpose: spread many nodes' first joins).
     """
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
-    except ImportError:  # pragma: no cover - torch without elastic
+    if not enabled("fastpath"):
         yield
         return
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+
     original_delay = getattr(dyn, "_delay", None)
     original_name = getattr(dyn, "get_method_name", None)
     if not callable(original_delay) or not callable(original_name):
@@ -115,11 +117,11 @@ def cheap_rendezvous_events() -> Iterator[None]:
     per call in an agent process, the larger the more modules are loaded): most of an idle
     agent's CPU time outside its monitor ticks. The result is the same function name.
     """
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
-    except ImportError:  # pragma: no cover - torch without elastic
+    if not enabled("fastpath"):
         yield
         return
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+
     original = getattr(dyn, "get_method_name", None)
     if not callable(original):
         yield
@@ -146,6 +148,8 @@ def cached_nodes_waiting(handler: Any) -> int | None:
     that starts waiting is seen at the same tick as under torch: the first after the cache runs
     out.
     """
+    if not enabled("fastpath"):
+        return None
     holder = getattr(handler, "_state_holder", None)
     try:
         cache = holder._cache_duration  # type: ignore[union-attr]
@@ -167,6 +171,8 @@ def state_cache_expiry(handler: Any) -> float | None:
     Until then every call returns the cached count (see :func:`cached_nodes_waiting`), unless
     another thread refreshes the cached state first (see :func:`notify_background_syncs`).
     """
+    if not enabled("fastpath"):
+        return None
     holder = getattr(handler, "_state_holder", None)
     try:
         cache = holder._cache_duration  # type: ignore[union-attr]
@@ -186,7 +192,8 @@ def notify_background_syncs(handler: Any, callback: Callable[[], None]) -> Calla
     """
     holder = getattr(handler, "_state_holder", None)
     original = getattr(holder, "sync", None)
-    if holder is None or not callable(original) or "sync" in vars(holder):
+    if (not enabled("fastpath") or holder is None or not callable(original)
+            or "sync" in vars(holder)):
         return lambda: None
     owner = threading.get_ident()
 

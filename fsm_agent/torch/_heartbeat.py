@@ -42,6 +42,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from torch.distributed.elastic.timer import FileTimerRequest, FileTimerServer
 
+from fsm_agent.torch._compat import enabled
+
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 
@@ -145,6 +147,9 @@ class HangWatchdogMixin:
 
     def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
         # LocalElasticAgent._setup_local_watchdog, with HangWatchdog for FileTimerServer.
+        if not enabled("hang_watchdog"):
+            super()._setup_local_watchdog(envs)  # type: ignore[misc]
+            return
         path = os.getenv(FILE_VAR)
         if os.getenv(ENABLE_VAR) == "1":
             if path is None:
@@ -159,6 +164,10 @@ class HangWatchdogMixin:
                 log_event=self._log_watchdog_event,  # type: ignore[attr-defined]
             )
             self._worker_watchdog.start()
+            logger.info("FileTimerServer started")  # torch's line
+        else:
+            logger.info("Environment variable '%s' not found. Do not start FileTimerServer.",
+                        ENABLE_VAR)  # torch's line
         if path is not None:
             for worker_env in envs.values():
                 worker_env[FILE_VAR] = path

@@ -41,6 +41,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from fsm_agent.torch._compat import enabled
+
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import WorkerGroup
 
@@ -72,8 +74,12 @@ class WorkerStoreIsolation:
     def _per_round_handler(handler: Any) -> bool:
         # DynamicRendezvousHandler (c10d, etcd-v2) caches these two across rounds; clearing them
         # makes its next_rendezvous build a fresh server and bootstrap info for the new round.
-        return hasattr(handler, "_bootstrap_store_info") and hasattr(
-            handler, "_shared_tcp_store_server"
+        # A torch without them (_compat.py): this agent hosts the round's store itself, as for
+        # any other handler.
+        return (
+            enabled("isolation")
+            and hasattr(handler, "_bootstrap_store_info")
+            and hasattr(handler, "_shared_tcp_store_server")
         )
 
     def before_rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -98,6 +104,10 @@ class WorkerStoreIsolation:
             raise RuntimeError("rendezvous did not set the worker group's store")
         key = _KEY
         if handler.get_backend() == "static":
+            if restart_count == 0:
+                # The first attempt's workers use the --master-port store, as torchrun's: it
+                # holds no worker's keys yet. Only a restart needs a store of its own.
+                return
             # The static handler's store has no round prefix; its membership never changes, so
             # the restart count is the same on every node and can stand in for the round.
             key = f"{_KEY}/{restart_count}"

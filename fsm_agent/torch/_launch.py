@@ -21,6 +21,40 @@ if TYPE_CHECKING:
 
 __all__ = ["launch"]
 
+# torch's launch_agent logs this at INFO (the same text in torch 2.13 and 2.14)
+_LAUNCH_CONFIG = (
+    "Starting elastic_operator with launch configs:\n"
+    "  entrypoint               : %(entrypoint)s\n"
+    "  min_nodes                : %(min_nodes)s\n"
+    "  max_nodes                : %(max_nodes)s\n"
+    "  nproc_per_node           : %(nproc_per_node)s\n"
+    "  run_id                   : %(run_id)s\n"
+    "  rdzv_backend             : %(rdzv_backend)s\n"
+    "  rdzv_endpoint            : %(rdzv_endpoint)s\n"
+    "  rdzv_configs             : %(rdzv_configs)s\n"
+    "  max_restarts             : %(max_restarts)s\n"
+    "  monitor_interval         : %(monitor_interval)s\n"
+    "  log_dir                  : %(log_dir)s\n"
+    "  metrics_cfg              : %(metrics_cfg)s\n"
+    "  event_log_handler        : %(event_log_handler)s\n"
+    "  numa_options             : %(numa_options)s\n"
+    "  signals_to_handle        : %(signals_to_handle)s\n"
+    "  duplicate_stdout_filters : %(duplicate_stdout_filters)s\n"
+    "  duplicate_stderr_filters : %(duplicate_stderr_filters)s\n"
+)
+_CONFIG_FIELDS = (
+    "min_nodes", "max_nodes", "nproc_per_node", "run_id", "rdzv_backend", "rdzv_endpoint",
+    "rdzv_configs", "max_restarts", "monitor_interval", "metrics_cfg", "event_log_handler",
+    "numa_options", "signals_to_handle", "duplicate_stdout_filters", "duplicate_stderr_filters",
+)
+
+
+def _log_launch_config(config: Any, entrypoint_name: str) -> None:
+    values = {name: getattr(config, name, None) for name in _CONFIG_FIELDS}
+    values["entrypoint"] = entrypoint_name
+    values["log_dir"] = getattr(getattr(config, "logs_specs", None), "root_log_dir", None)
+    logger.info(_LAUNCH_CONFIG, values)
+
 logger = logging.getLogger("fsm_agent.torch")
 
 
@@ -34,6 +68,7 @@ def launch(
     listeners: Sequence[Listener] = (),
     on_agent: Callable[[FSMElasticAgent], None] | None = None,
     lifecycle_params: Mapping[str, Any] | None = None,
+    isolate_worker_store: bool = True,
 ) -> dict[int, Any]:
     """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
 
@@ -44,7 +79,8 @@ def launch(
     values for its ``params`` (a bad one is a ``SpecError`` before anything starts).
     ``listeners`` receive every transition (for example a trace writer,
     ``fsm_agent.trace.open_trace``). ``on_agent`` is called with the agent once it is built,
-    before it runs.
+    before it runs. ``isolate_worker_store=False``: restarted workers share the agent's store,
+    as under torchrun (docs/runner.md says why the default gives them a fresh one).
 
     Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
@@ -71,6 +107,7 @@ def launch(
         config.run_id = str(uuid.uuid4().int)
         logger.warning("config has no run_id, generated a random run_id: %s", config.run_id)
     entrypoint_name = _get_entrypoint_name(entrypoint, list(args))
+    _log_launch_config(config, entrypoint_name)
     rdzv_parameters = RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
@@ -111,6 +148,7 @@ def launch(
         lifecycle_spec=lifecycle_spec,
         listeners=listeners,
         lifecycle_params=lifecycle_params,
+        isolate_worker_store=isolate_worker_store,
     )
     if on_agent is not None:
         on_agent(agent)

@@ -1,17 +1,19 @@
-"""``--standalone`` keeps its stores on loopback.
+"""A c10d rendezvous on loopback keeps its stores on loopback.
 
 torch's ``TCPStore`` server always listens on the wildcard address (``[::]``, dual-stack, so every
-IPv4 and IPv6 interface), whatever host name it is given: under ``torchrun --standalone`` the
-rendezvous store and the workers' store of every round accept connections from the whole network,
-unauthenticated, although only processes of this machine ever use them (torch 2.13, checked by
-``tests/reliability/test_security.py``).
+IPv4 and IPv6 interface), whatever host name it is given: under ``torchrun --standalone`` (or
+``--rdzv-endpoint localhost:29400``) the rendezvous store and the workers' store of every round
+accept connections from the whole network, unauthenticated, although only processes of this
+machine ever use them (torch 2.13, checked by ``tests/reliability/test_security.py``).
 
-For a c10d rendezvous whose endpoint is a loopback address with port 0 (what ``--standalone``
-sets), :func:`loopback_rendezvous_handler` builds the same handler torch builds
-(``registry._create_c10d_handler``: a ``TCPStore`` host, ``C10dRendezvousBackend``,
-``create_handler``), except that each store server listens on a socket bound to ``127.0.0.1``
-and handed to ``TCPStore`` (``master_listen_fd``). ``--standalone`` also sets ``--local-addr
-127.0.0.1`` unless given, so the workers are told to reach their store there.
+For a c10d rendezvous whose endpoint is a loopback address (``localhost``, ``127.0.0.1``, ``::1``;
+``--standalone`` sets ``localhost:0``), :func:`loopback_rendezvous_handler` builds the same
+handler torch builds (``registry._create_c10d_handler``: a ``TCPStore`` host or client,
+``C10dRendezvousBackend``, ``create_handler``), except that each store server listens on a socket
+bound to ``127.0.0.1`` and handed to ``TCPStore`` (``master_listen_fd``). With an explicit port,
+as torch decides: the first agent that can bind the port hosts the store, the others connect to
+it (``is_host`` in ``--rdzv-conf`` forces either). ``fsm-agent run`` also sets ``--local-addr
+127.0.0.1`` for such an endpoint unless given, so the workers are told to reach their store there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import logging
 import socket
 from datetime import timedelta
 from typing import Any
+
+from fsm_agent.torch._compat import enabled
 
 __all__ = ["LOOPBACK", "is_loopback", "loopback_rendezvous_handler", "loopback_store"]
 
@@ -72,7 +76,9 @@ def loopback_rendezvous_handler(params: Any) -> Any | None:
     if params.backend != "c10d" or params.get("store_type", "tcp").strip().lower() != "tcp":
         return None
     host, _, port = endpoint.rpartition(":")
-    if not is_loopback(host) or port != "0":
+    if not host or not port.isdigit():  # no port: torch's default (29400), torch's handler
+        return None
+    if not is_loopback(host) or not enabled("loopback"):
         return None
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
@@ -80,7 +86,7 @@ def loopback_rendezvous_handler(params: Any) -> Any | None:
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
     read_timeout = int(params.get_as_int("read_timeout", 60))
-    store = loopback_store(0, timeout=read_timeout)
+    store = _rendezvous_store(int(port), params.get_as_bool("is_host"), read_timeout)
     backend = C10dRendezvousBackend(store, params.run_id)
     handler = create_handler(store, backend, params)
 
@@ -90,5 +96,24 @@ def loopback_rendezvous_handler(params: Any) -> Any | None:
         return loopback_store(int(master_port))
 
     handler._create_tcp_store_server = create_tcp_store_server
-    logger.info("standalone: rendezvous store on %s:%s (loopback only)", LOOPBACK, store.port)
     return handler
+
+
+def _rendezvous_store(port: int, is_host: bool | None, timeout: float) -> Any:
+    """The rendezvous store on ``127.0.0.1:port``: hosted here if the port is free (or
+    ``is_host``), else a client of the agent that hosts it (or ``is_host=False``), as torch's
+    ``_create_tcp_store`` decides for a host name that is this machine's."""
+    import torch.distributed as dist
+
+    if is_host is not False:
+        try:
+            store = loopback_store(port, timeout=timeout)
+        except OSError as e:
+            if is_host or port == 0:
+                raise
+            logger.debug("rendezvous store port %s taken (%s): joining as a client", port, e)
+        else:
+            logger.info("rendezvous store on %s:%s (loopback only)", LOOPBACK, store.port)
+            return store
+    return dist.TCPStore(LOOPBACK, port, is_master=False, multi_tenant=True,
+                         timeout=timedelta(seconds=timeout))

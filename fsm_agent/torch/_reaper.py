@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fsm_agent._spec import INTERRUPT_TRIGGER
+from fsm_agent.torch._compat import enabled
 
 __all__ = [
     "INTERRUPT_TRIGGER",
@@ -102,6 +103,8 @@ class ProcessGroupReaperMixin:
         from torch.distributed.elastic.multiprocessing.api import SubprocessContext
 
         pcontext = getattr(self, "_pcontext", None)
+        if not enabled("reaper"):
+            return []
         # Only script entry points run in their own sessions; function entry points are
         # multiprocessing children of the agent, in the agent's own process group.
         if not isinstance(pcontext, SubprocessContext):

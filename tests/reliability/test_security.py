@@ -9,7 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from reliability_helpers import STANDALONE, Jobs
+from reliability_helpers import FAST, STANDALONE, Jobs, free_port
 
 from fsm_agent import SpecError, load_spec
 from fsm_agent._trace import TraceError, read_trace
@@ -79,6 +79,29 @@ def test_standalone_stores_listen_on_loopback_only(jobs: Jobs) -> None:
         assert rec["MASTER_ADDR"] == "127.0.0.1" and int(rec["MASTER_PORT"]) in ports, rec
     job.proc.send_signal(signal.SIGTERM)
     assert job.wait(15) == 128 + signal.SIGTERM
+
+
+@pytest.mark.timeout(120)
+def test_an_explicit_loopback_endpoint_listens_on_loopback_only(jobs: Jobs) -> None:
+    """``--rdzv-endpoint localhost:PORT`` for two agents on this machine: one hosts the
+    rendezvous store on that port, the other joins it; every store of both agents listens on
+    loopback, and the workers are sent there."""
+    port = free_port()
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "loopback",
+            "--shutdown-timeout", "3", *FAST]
+    agents = [jobs.start(args, env={"SLEEP": "60"}, name=f"agent{i}") for i in range(2)]
+    recs = [r for job in agents for r in job.wait_for("a0_*_start.json", 1, 80)]
+    addrs = {job.pid: listening_addresses(job.pid) for job in agents}
+    assert all(is_loopback(a) for found in addrs.values() for a, _ in found), addrs
+    assert sum(p == port for found in addrs.values() for _, p in found) == 1, addrs
+    ports = {p for found in addrs.values() for _, p in found}
+    for rec in recs:
+        assert rec["MASTER_ADDR"] == "127.0.0.1" and int(rec["MASTER_PORT"]) in ports, rec
+    for job in agents:
+        job.proc.send_signal(signal.SIGTERM)
+    for job in agents:
+        assert job.wait(15) == 128 + signal.SIGTERM
 
 
 def test_spec_yaml_tags_and_dotted_names_are_never_executed(tmp_path: Path) -> None:

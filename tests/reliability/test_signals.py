@@ -110,7 +110,7 @@ def test_signal_while_waiting_at_the_exit_barrier(
     # Which agent gets group rank 0 is the rendezvous' choice.
     early, late = sorted(agents, key=lambda j: str(j.records("*_start.json")[0]["GROUP_RANK"]))
     trace = tmp_path / f"{early.workdir.name}.jsonl"
-    early.wait_output("Waiting 60.0 seconds for other agents", 60)
+    early.wait_output("Waiting 60 seconds for other agents", 60)
     pids = pids_of(early.records("*_start.json"))
     sent = time.monotonic()
     early.proc.send_signal(sig)

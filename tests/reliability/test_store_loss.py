@@ -50,7 +50,7 @@ def test_survivor_at_the_exit_barrier_leaves_when_the_store_host_dies(jobs: Jobs
     host = jobs.start(common, env={"SLEEP": "120"}, name="host")
     wait_listening(port, host, 80)  # the first agent binds the endpoint: it hosts the store
     survivor = jobs.start(common, env={"SPAWN_CHILD": "1"}, name="survivor")
-    survivor.wait_output("Waiting 60.0 seconds for other agents", 80)
+    survivor.wait_output("Waiting 60 seconds for other agents", 80)
     [rec] = survivor.records("*_start.json")
     kill_host(host)
     killed = time.monotonic()

@@ -49,11 +49,12 @@ def test_success_sets_worker_env_and_runs_the_barrier_once(jobs: Jobs) -> None:
 @pytest.mark.parametrize("rdzv", ["standalone", "static"])
 def test_fail_once_then_recover_sees_restart_count_1(jobs: Jobs, rdzv: str) -> None:
     env = {"FAIL_RANKS": "1", "FAIL_ATTEMPTS": "0", "FAIL_CODE": "4", "PROBE_RANKS": "1"}
+    port = free_port()
     if rdzv == "standalone":  # c10d: torch's handler builds each round's store
         args = STANDALONE
-    else:  # static: the agent starts each attempt's store itself
+    else:  # static: the agent starts each restart's store itself
         args = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port",
-                str(free_port()), "--nproc-per-node", "2", *FAST]
+                str(port), "--nproc-per-node", "2", *FAST]
     job = jobs.start([*args, "--max-restarts", "1"], ENV_WORKER, env=env)
     assert job.wait(50) == 0, job.output
     by_attempt: dict[str, list[dict[str, object]]] = {}
@@ -66,9 +67,28 @@ def test_fail_once_then_recover_sees_restart_count_1(jobs: Jobs, rdzv: str) -> N
     # The restart-isolation fix: rank 1 of the second attempt does not see the key rank 1 of the
     # first attempt wrote to the workers' store (torch's shared store would still hold it).
     assert [r["saw_earlier_attempt"] for r in by_attempt["1"] if r["RANK"] == "1"] == [False]
+    if rdzv == "static":  # as torchrun, the first attempt uses --master-port; a restart does not
+        assert {r["MASTER_PORT"] for r in by_attempt["0"]} == {str(port)}
+        assert str(port) not in {r["MASTER_PORT"] for r in by_attempt["1"]}
     assert job.barrier_count() == 1
     assert "worker group FAILED; restart 1 of 1" in job.output
     assert "membership change" not in job.output
+
+
+@pytest.mark.timeout(60)
+def test_shared_worker_store_keeps_the_master_port_on_restart(jobs: Jobs) -> None:
+    """``--shared-worker-store``: torchrun's behaviour, the --master-port store on every attempt
+    (and so the previous attempt's keys in it)."""
+    env = {"FAIL_RANKS": "1", "FAIL_ATTEMPTS": "0", "FAIL_CODE": "4", "PROBE_RANKS": "1"}
+    port = free_port()
+    args = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "--nproc-per-node", "2", "--max-restarts", "1", "--shared-worker-store", *FAST]
+    job = jobs.start(args, ENV_WORKER, env=env)
+    assert job.wait(50) == 0, job.output
+    recs = job.records()
+    assert {r["MASTER_PORT"] for r in recs} == {str(port)}
+    assert [r["saw_earlier_attempt"] for r in recs
+            if r["RANK"] == "1" and r["TORCHELASTIC_RESTART_COUNT"] == "1"] == [True]
 
 
 @pytest.mark.timeout(90)

@@ -22,14 +22,6 @@ __all__ = ["Procs", "endpoint", "free_port", "listening_ports", "procs"]
 _PRELOAD = workers.PRELOAD
 
 
-def _session_helpers() -> set[int | None]:
-    """multiprocessing's forkserver and resource tracker: they live as long as this process."""
-    from multiprocessing import forkserver, resource_tracker
-
-    return {getattr(forkserver._forkserver, "_forkserver_pid", None),
-            getattr(resource_tracker._resource_tracker, "_pid", None)}
-
-
 def endpoint() -> str:
     """A c10d/static endpoint on loopback, as torch's test picks one (a port free right now)."""
     return f"localhost:{free_port()}"
@@ -122,7 +114,7 @@ class Procs:
             if p.is_alive():
                 p.kill()
             p.join(5)
-        return kill_leftovers(self.token, keep=_session_helpers())
+        return kill_leftovers(self.token)
 
 
 def _agent_entry(conf: workers.AgentConf, results: Any, index: int, token: str) -> None:
