@@ -17,12 +17,14 @@ from ._common import (
     FAILED,
     OK,
     UsageError,
+    _param_overrides,
     add_spec_option,
     import_ref,
     load_spec_arg,
     make_parser,
     run_command,
     spec_loading_kwargs,
+    spec_params,
 )
 
 __all__ = ["build_parser", "load_target", "main"]
@@ -31,7 +33,10 @@ PROG = "fsm-agent conformance"
 
 _DESCRIPTION = """\
 Check a supervisor against a lifecycle spec with generated monitor scripts (all seven worker
-states, nodes waiting, exit barrier ok/error/timeout, hooks raising, max_restarts 0..5).
+states, failures with exit codes, signals and error types, nodes waiting, exit barrier
+ok/error/timeout, hooks raising, max_restarts 0..5; for a spec with parameters or timers, such
+as resilient, also time passing in virtual time, jitter draws and the parameters' values, which
+--spec-param fixes instead).
 
 TARGET is MODULE:ATTR, where ATTR names either a class with the SimpleElasticAgent shape, from
 torch or any other package (torchelastic, a vendored copy): the kit subclasses it with scripted
@@ -44,9 +49,10 @@ kit cannot script (one line naming what it cannot find or supply)."""
 
 
 EXAMPLES = (
-    "fsm-agent conformance mypkg.agent:MyElasticAgent                # against torchelastic",
-    "fsm-agent conformance mypkg.sup:make_supervisor --spec torchrun --examples 500",
-    "fsm-agent conformance mypkg.agent:MyElasticAgent --seed 1234    # reproduce a run",
+    "fsm-agent conformance mypkg.agent:MyElasticAgent --spec torchrun --examples 500",
+    "fsm-agent conformance mypkg.sup:make_supervisor --spec resilient "
+    "--spec-param no_retry_exit_codes=3,4",
+    "fsm-agent conformance mypkg.agent:MyElasticAgent --seed 1234    # against torchelastic",
 )
 
 
@@ -55,8 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = make_parser(PROG, _DESCRIPTION, EXAMPLES)
     p.add_argument("target", metavar="MODULE:ATTR",
                    help="the supervisor to check, e.g. mypkg.agent:MyAgent")
-    # The kit runs a spec with its parameters' defaults: no --spec-param.
-    add_spec_option(p, params=False)
+    # --spec-param fixes a parameter for every run; the others are drawn per run.
+    add_spec_option(p)
     p.add_argument("--examples", type=int, default=200, metavar="N",
                    help="generated scripts to run (default: 200)")
     p.add_argument("--seed", type=int, default=None, metavar="S",
@@ -83,10 +89,12 @@ def _conformance(argv: list[str]) -> int:
     from ..testing._conformance import (
         ConformanceFailure,
         HarnessError,
+        _profile,
         default_settings,
         resolve_target,
         run_conformance,
     )
+    from ..testing._strategies import RunConfig
 
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
@@ -95,19 +103,30 @@ def _conformance(argv: list[str]) -> int:
     # The kit's oracle for a preset *name* is its reference table of torch's behaviour; for a
     # loaded spec it is the engine. Keep the table unless an option changed how the spec loads.
     spec = loaded if spec_loading_kwargs(args) else args.spec
+    values = spec_params(args, loaded)  # a bad --spec-param is a usage error
+    fixed = {name: values[name] for name in _param_overrides(args)}
     try:
-        resolve_target(target, spec)
+        target_ok = resolve_target(target, spec)
     except TypeError as e:  # HarnessError included
         raise UsageError(str(e)) from None
+    if fixed and "params" not in target_ok.accepts:
+        raise UsageError(f"--spec-param: {args.target} takes no params=, so the kit cannot set "
+                         f"{', '.join(fixed)} (a factory(driver, params=..., **settings) can)")
+    try:
+        _profile(spec, RunConfig(params=fixed).params)
+    except ValueError as e:  # a parameter the preset's reference does not model
+        raise UsageError(f"--spec-param: {e}") from None
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     how = f"{args.examples} scripts, seed {seed}"
     try:
         run_conformance(target, spec=spec,
                         settings=settings(default_settings(args.examples), database=None),
-                        seed=seed, stateful=args.stateful)
+                        seed=seed, stateful=args.stateful, params=fixed)
     except ConformanceFailure as e:
         print(f"\nCOUNTEREXAMPLE ({how}):\n{e}\n")
-        again = f"{PROG} {args.target} --spec {args.spec} --examples {args.examples} --seed {seed}"
+        given = "".join(f" --spec-param {p}" for p in args.spec_params)
+        again = (f"{PROG} {args.target} --spec {args.spec}{given} --examples {args.examples} "
+                 f"--seed {seed}")
         print(f"reproduce with: {again}")
         return FAILED
     except (HarnessError, HypothesisException) as e:

@@ -6,7 +6,7 @@ checks a supervisor against a spec's reference behaviour with hypothesis.
 
 from typing import Any
 
-from ._recording import Call, RecordingDriver, ScriptExhausted, make_result
+from ._recording import Call, RecordingDriver, ScriptedRandom, ScriptExhausted, make_result
 
 # The conformance kit needs hypothesis (the `testing` extra); RecordingDriver does not, so the
 # kit's names load on first use.
@@ -17,7 +17,7 @@ _KIT = {
     "SupervisorConformance": "_conformance", "check_script": "_conformance",
     "conformance_machine": "_conformance", "default_settings": "_conformance",
     "run_conformance": "_conformance", "run_script": "_conformance",
-    "Trace": "_reference", "reference_trace": "_reference",
+    "ReferenceRun": "_reference", "Trace": "_reference", "reference_trace": "_reference",
     "RunConfig": "_strategies", "Tick": "_strategies", "run_configs": "_strategies",
     "scripts": "_strategies", "ticks": "_strategies",
 }
@@ -46,9 +46,11 @@ __all__ = [
     "Divergence",
     "HarnessError",
     "RecordingDriver",
+    "ReferenceRun",
     "RunConfig",
     "ScriptExhausted",
     "ScriptedDriver",
+    "ScriptedRandom",
     "SupervisorConformance",
     "Tick",
     "Trace",

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .._engine import _torch_types
 
-__all__ = ["Call", "RecordingDriver", "ScriptExhausted", "make_result"]
+__all__ = ["Call", "RecordingDriver", "ScriptExhausted", "ScriptedRandom", "make_result"]
 
 #: One recorded driver call: the method name, then its arguments.
 Call = tuple[Any, ...]
@@ -50,6 +51,31 @@ def make_result(
     if ws.name == "SUCCEEDED":
         return api.RunResult(state=ws, return_values={r: None for r in ranks})
     return api.RunResult(state=ws)
+
+
+class ScriptedRandom(random.Random):
+    """A random source whose ``random()`` returns ``value``, which the test sets: jitter chosen
+    by the test, not by chance.
+
+    >>> rng = ScriptedRandom(0.0)
+    >>> rng.uniform(-0.5, 0.5)        # uniform(a, b) is a + (b - a) * random()
+    -0.5
+    >>> rng.value = 0.75; rng.uniform(-0.5, 0.5)
+    0.25
+
+    Everything ``random.Random`` draws through ``random()`` (``uniform``, ``choice``, ...) follows
+    ``value``; ``getrandbits`` comes from a generator seeded with 0, so it is repeatable too.
+    """
+
+    def __init__(self, value: float = 0.5) -> None:
+        super().__init__(0)
+        if not 0.0 <= value < 1.0:
+            raise ValueError(f"random() returns a value in [0, 1), got {value!r}")
+        self.value = value
+
+    def random(self) -> float:
+        """``value``."""
+        return self.value
 
 
 class RecordingDriver:

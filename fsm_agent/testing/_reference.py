@@ -1,10 +1,15 @@
-"""The reference behaviour of the two preset lifecycles, written from the table in MISSION.md.
+"""The reference behaviour of the three presets, written from their behaviour tables.
 
 This module deliberately does not read the preset specs or use the engine: it restates the
-reference table (and the order of calls inside each row, as torch's ``_invoke_run`` and the
-seed make them) as plain Python, so that the kit can tell a spec, the engine or a third-party
-supervisor that drifts from it. Each monitor tick: sleep ``monitor_interval``, ``monitor()``,
-group state := observed, ``put_metric(remaining_restarts)``, ``put_metric(<observed>, 1)``, then:
+tables (MISSION.md's for ``torchelastic`` and ``torchrun``, issue 10's for ``resilient``, and the
+order of calls inside each row, as torch's ``_invoke_run`` and the seed make them) as plain
+Python, so that the kit and the model tests can tell a spec, the engine or a third-party
+supervisor that drifts from them. It is the one statement of those tables in the test code:
+the conformance kit replays it on whole scripts (:func:`reference_trace`), the model test steps
+it one tick at a time beside a ``Lifecycle`` (:class:`ReferenceRun`).
+
+Each monitor tick: sleep ``monitor_interval``, ``monitor()``, group state := observed,
+``put_metric(remaining_restarts)``, ``put_metric(<observed>, 1)``, then:
 
 ==================  =============  ===============================  ======================
 observed            guard          torchelastic (seed)              torchrun (torch 2.x)
@@ -19,28 +24,63 @@ HEALTHY             none waiting   nothing                          nothing
 UNKNOWN, INIT,      -              raise Exception("[role] Worker   same
 STOPPED                            group in <STATE> state")
 ==================  =============  ===============================  ======================
+
+``resilient`` (issue 10, item 3), with its parameters (defaults in :data:`RESILIENT_DEFAULTS`):
+
+* a failure where every failed rank exited with a code in ``no_retry_exit_codes`` gives up at
+  once, without counting a restart: stop; FAILED; the job's exit code is
+  ``no_requeue_exit_code``; return the FAILED result (no exit barrier);
+* every other failure (FAILED or UNHEALTHY) with restarts left restarts after a backoff: count
+  the restart, stop, the group reports STOPPED, wait ``min(backoff_max, backoff_initial *
+  backoff_factor**n) * (1 + uniform(-backoff_jitter, backoff_jitter))``, rendezvous, start,
+  HEALTHY. ``n`` counts the backoffs since the last reset, and goes back to 0 when the attempt
+  that just failed (since the workers were last started) ran for at least ``backoff_reset``;
+* ``max_restarts`` failure restarts are allowed within any window of ``restart_window``: a
+  restart counts while less than ``restart_window`` has passed since it (``inf``: the whole
+  job, as torch); with none left: stop; FAILED; return the FAILED result (no exit barrier);
+* HEALTHY with nodes waiting restarts at once (stop, rendezvous, start), never counted;
+* success, and UNKNOWN/INIT/STOPPED observations, as torchrun.
+
+``uniform(a, b)`` is Python's, ``a + (b - a) * random()``: the kit scripts what ``random()``
+returns (``Tick.draw``), so the reference knows each backoff exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import attrs
 
-from ._strategies import RunConfig, Tick, failure_summary, fault_error, monitor_result
+from ._strategies import RunConfig, Tick, failure_summary, fault_error, tick_result
 
 __all__ = [
     "PRESETS",
+    "RESILIENT_DEFAULTS",
     "Event",
     "Pending",
     "Raised",
+    "ReferenceRun",
     "Returned",
     "Trace",
     "reference_trace",
 ]
 
-PRESETS: tuple[str, ...] = ("torchrun", "torchelastic")
+PRESETS: tuple[str, ...] = ("torchrun", "torchelastic", "resilient")
+
+#: The ``resilient`` preset's parameters and their defaults, from issue 10's table.
+RESILIENT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "no_retry_exit_codes": (),
+    "no_requeue_exit_code": 93,
+    "backoff_initial": 1.0,
+    "backoff_factor": 2.0,
+    "backoff_max": 60.0,
+    "backoff_jitter": 0.1,
+    "backoff_reset": 600.0,
+    "restart_window": math.inf,
+})
 
 #: One recorded call: ``("rendezvous",)``, ``("sleep", 0.1)``, ``("exit_barrier", 300.0)``,
 #: ``("put_metric", "workers.default.healthy", 1)``, ...
@@ -99,12 +139,17 @@ Outcome = Returned | Raised | Pending
 
 @attrs.frozen
 class Trace:
-    """Everything observable about one run of a supervisor on one script."""
+    """Everything observable about one run of a supervisor on one script.
+
+    ``exit_code`` is the exit code the supervisor asked the job to end with
+    (``Lifecycle.exit_code``: ``resilient``'s no-requeue code), None when it asked for none.
+    """
 
     events: tuple[Event, ...]
     outcome: Outcome
     state: str | None = None
     remaining_restarts: int | None = None
+    exit_code: int | None = None
 
 
 class _Fault(Exception):
@@ -113,81 +158,199 @@ class _Fault(Exception):
         self.err = err
 
 
+class ReferenceRun:
+    """One supervisor of a preset, as its table says, fed one monitor tick at a time.
+
+    >>> from fsm_agent.testing import RunConfig, Tick
+    >>> run = ReferenceRun("resilient", RunConfig(max_restarts=1, monitor_interval=0.5))
+    >>> run.start(); run.tick(Tick("FAILED", draw=0.0))
+    >>> run.events[-4:]   # counted, stopped, a 1 s backoff less the 10 % jitter, restarted
+    [('stop_workers',), ('sleep', 0.9), ('rendezvous',), ('start_workers',)]
+
+    ``events`` are the calls so far (driver calls, sleeps, metrics); ``outcome`` is set once the
+    run ends (returned, or raised: a scripted fault, or what the table raises); ``state`` is
+    the group's ``WorkerState`` name, ``remaining_restarts`` the restarts left as of the latest
+    tick, ``exit_code`` the job's exit code if the supervisor set one, ``now`` the virtual time
+    (the sum of the waits and of the ticks' ``elapsed``).
+    """
+
+    def __init__(self, preset: str, config: RunConfig) -> None:
+        if preset not in PRESETS:
+            raise ValueError(f"no reference for preset {preset!r} (known: {', '.join(PRESETS)})")
+        self.preset = preset
+        self.config = config
+        self.events: list[Event] = []
+        self.outcome: Outcome | None = None
+        self.state = "INIT"
+        self.remaining_restarts = config.max_restarts
+        self.exit_code: int | None = None
+        self.now = 0.0
+        self.tick_no = 0
+        self._fired: set[int] = set()
+        self._faults: dict[int, str | None] = {0: config.init_fault}
+        p: dict[str, Any] = {}
+        if preset == "resilient":
+            p = dict(RESILIENT_DEFAULTS)
+            for name, value in config.params:
+                if name not in p:
+                    raise ValueError(f"resilient has no parameter {name!r}")
+                p[name] = value
+        self.params: Mapping[str, Any] = MappingProxyType(p)
+        self._restarts: list[float] = []  # when each failure restart was counted
+        self._started_at: float | None = None  # when the workers were last started
+        self._backoffs = 0  # backoffs since the last reset
+
+    # -- feeding it --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Before the loop: rendezvous, start, HEALTHY."""
+        self._run(self._start)
+
+    def tick(self, tick: Tick) -> None:
+        """The next monitor call returns what ``tick`` says."""
+        if self.outcome is not None:
+            raise RuntimeError("the run is over")
+        self.tick_no += 1
+        self._faults[self.tick_no] = tick.fault
+        self._run(lambda: self._tick(tick))
+
+    def trace(self) -> Trace:
+        """The run so far; a run still going ends with the wait and the monitor call the
+        supervisor makes next (which finds no tick in the script)."""
+        events = tuple(self.events)
+        outcome = self.outcome
+        if outcome is None:
+            events += (("sleep", self.config.monitor_interval), ("monitor",))
+            outcome = Pending()
+        return Trace(events, outcome, self.state, self.remaining_restarts, self.exit_code)
+
+    # -- the tables --------------------------------------------------------------------------
+
+    def _run(self, step: Any) -> None:
+        try:
+            step()
+        except _Fault as f:
+            self.outcome = Raised(type(f.err).__name__, str(f.err), scripted=True)
+
+    def _call(self, hook: str, *args: Any) -> None:
+        self.events.append((hook, *args))
+        if self._faults.get(self.tick_no) == hook and self.tick_no not in self._fired:
+            self._fired.add(self.tick_no)
+            raise _Fault(fault_error(hook, self.tick_no))
+
+    def _sleep(self, seconds: float) -> None:
+        self.events.append(("sleep", seconds))
+        self.now += seconds
+
+    def _start_workers(self) -> None:
+        self._call("rendezvous")
+        self._call("start_workers")
+        self._started_at = self.now
+        self.state = "HEALTHY"
+
+    def _start(self) -> None:
+        self._start_workers()
+
+    def _restart(self) -> None:
+        self._call("stop_workers")
+        self.state = "STOPPED"
+        self._start_workers()
+
+    def _barrier(self) -> None:
+        # Every barrier outcome (ok, error, timeout) is logged and swallowed.
+        self.events.append(("exit_barrier", self.config.exit_barrier_timeout))
+
+    def _left(self) -> int:
+        """Failure restarts still allowed now."""
+        window = self.params.get("restart_window", math.inf)
+        inside = sum(1 for t in self._restarts if self.now - t < window)
+        return max(0, self.config.max_restarts - inside)
+
+    def _tick(self, tick: Tick) -> None:
+        config, role, observed = self.config, self.config.role, tick.observed
+        self._sleep(config.monitor_interval)
+        self._call("monitor")
+        self.now += tick.elapsed
+        result = tick_result(self.tick_no, tick)
+        self.state = observed
+        resilient = self.preset == "resilient"
+        if resilient:
+            self.remaining_restarts = self._left()
+        self.events.append(("put_metric", f"workers.{role}.remaining_restarts",
+                            self.remaining_restarts))
+        self.events.append(("put_metric", f"workers.{role}.{observed.lower()}", 1))
+        if observed == "SUCCEEDED":
+            self._barrier()
+            self.outcome = Returned(observed, result.return_values,
+                                    failure_summary(result.failures))
+        elif observed in ("FAILED", "UNHEALTHY"):
+            codes = [f.exitcode for f in result.failures.values()]
+            no_retry = self.params.get("no_retry_exit_codes", ())
+            if resilient and codes and all(c in no_retry for c in codes):
+                self._give_up(result, observed, exit_code=self.params["no_requeue_exit_code"])
+            elif self.remaining_restarts > 0:
+                if resilient:
+                    self._restart_after_backoff(tick)
+                else:
+                    self.remaining_restarts -= 1
+                    self._restart()
+            else:
+                self._give_up(result, observed)
+        elif observed == "HEALTHY":
+            self._call("num_nodes_waiting")
+            if tick.nodes_waiting > 0:
+                self._restart()
+        else:
+            self.outcome = Raised("Exception", f"[{role}] Worker group in {observed} state")
+
+    def _give_up(self, result: Any, observed: str, exit_code: int | None = None) -> None:
+        self._call("stop_workers")
+        self.state = "FAILED"
+        if exit_code is not None:
+            self.exit_code = exit_code
+        if self.preset == "torchelastic":
+            self._barrier()
+            self.outcome = Raised("WorkerGroupFailureException",
+                                  f"[{self.config.role}] exceeded "
+                                  f"max_restarts={self.config.max_restarts}")
+            return
+        self.outcome = Returned("FAILED", result.return_values, failure_summary(result.failures),
+                                gave_up_after=observed)
+
+    def _restart_after_backoff(self, tick: Tick) -> None:
+        self._restarts.append(self.now)
+        self.remaining_restarts = self._left()
+        self._call("stop_workers")
+        self.state = "STOPPED"
+        self._sleep(self._backoff(tick.draw))
+        self._start_workers()
+
+    def _backoff(self, draw: float) -> float:
+        p: Mapping[str, float] = self.params
+        if self._started_at is not None and self.now - self._started_at >= p["backoff_reset"]:
+            self._backoffs = 0  # the attempt that failed ran long enough: not a crash loop
+        n = self._backoffs
+        self._backoffs += 1
+        try:
+            base = min(p["backoff_max"], p["backoff_initial"] * p["backoff_factor"] ** n)
+        except OverflowError:
+            base = p["backoff_max"]
+        jitter = p["backoff_jitter"]
+        if jitter and math.isfinite(base):
+            base *= 1.0 + (-jitter + (jitter - -jitter) * draw)
+        return max(0.0, base)
+
+
 def reference_trace(preset: str, config: RunConfig, script: Sequence[Tick]) -> Trace:
     """What a supervisor of ``preset`` does on ``script``, straight from the reference table.
 
     The group state after a hook failure is the one torch's agent has reached at that point
     (e.g. STOPPED when the rendezvous of a restart fails).
     """
-    if preset not in PRESETS:
-        raise ValueError(f"no reference for preset {preset!r} (known: {', '.join(PRESETS)})")
-    events: list[Event] = []
-    role = config.role
-    remaining = config.max_restarts
-    state = "INIT"
-    tick_no = 0
-    fired: set[int] = set()
-    faults = {0: config.init_fault} | {i: t.fault for i, t in enumerate(script, 1)}
-
-    def call(hook: str, *args: Any) -> None:
-        events.append((hook, *args))
-        if faults.get(tick_no) == hook and tick_no not in fired:
-            fired.add(tick_no)
-            raise _Fault(fault_error(hook, tick_no))
-
-    def restart() -> None:
-        nonlocal state
-        call("stop_workers")
-        state = "STOPPED"
-        call("rendezvous")
-        call("start_workers")
-        state = "HEALTHY"
-
-    def barrier() -> None:
-        # Every barrier outcome (ok, error, timeout) is logged and swallowed.
-        events.append(("exit_barrier", config.exit_barrier_timeout))
-
-    def done(outcome: Outcome) -> Trace:
-        return Trace(tuple(events), outcome, state, remaining)
-
-    try:
-        call("rendezvous")
-        call("start_workers")
-        state = "HEALTHY"
-        for tick_no, tick in enumerate(script, 1):
-            events.append(("sleep", config.monitor_interval))
-            call("monitor")
-            result = monitor_result(tick_no, tick.observed)
-            observed = tick.observed
-            state = observed
-            events.append(("put_metric", f"workers.{role}.remaining_restarts", remaining))
-            events.append(("put_metric", f"workers.{role}.{observed.lower()}", 1))
-            if observed == "SUCCEEDED":
-                barrier()
-                return done(Returned(observed, result.return_values,
-                                     failure_summary(result.failures)))
-            if observed in ("FAILED", "UNHEALTHY"):
-                if remaining > 0:
-                    remaining -= 1
-                    restart()
-                    continue
-                call("stop_workers")
-                state = "FAILED"
-                if preset == "torchelastic":
-                    barrier()
-                    return done(Raised("WorkerGroupFailureException",
-                                       f"[{role}] exceeded max_restarts={config.max_restarts}"))
-                return done(Returned("FAILED", result.return_values,
-                                     failure_summary(result.failures), gave_up_after=observed))
-            if observed == "HEALTHY":
-                call("num_nodes_waiting")
-                if tick.nodes_waiting > 0:
-                    restart()
-                continue
-            return done(Raised("Exception", f"[{role}] Worker group in {observed} state"))
-        tick_no = len(script) + 1
-        events.append(("sleep", config.monitor_interval))
-        events.append(("monitor",))
-        return done(Pending())
-    except _Fault as f:
-        return done(Raised(type(f.err).__name__, str(f.err), scripted=True))
+    run = ReferenceRun(preset, config)
+    run.start()
+    for tick in script:
+        if run.outcome is not None:
+            break
+        run.tick(tick)
+    return run.trace()

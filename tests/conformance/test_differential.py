@@ -6,6 +6,7 @@ sides run the same generated scripts through the same recorder; fsm_agent must m
 side call for call, metric for metric, in final state, remaining restarts and outcome, except for
 the intended divergences of ``fsm_agent.testing.DIVERGENCES`` (applied by ``ours_from_torch``).
 Each side is also checked against the reference table the kit ships (``_reference.py``).
+``resilient``: ``Lifecycle`` against that reference alone (nothing else implements it).
 """
 
 from __future__ import annotations
@@ -16,10 +17,17 @@ from hypothesis import strategies as st
 from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
 from fsm_agent import Lifecycle
-from fsm_agent.testing._conformance import DIVERGENCES, run_script
+from fsm_agent.testing._conformance import DIVERGENCES, check_script, run_script
 from fsm_agent.testing._strategies import RunConfig, Tick
 
-from ._support import DIFFERENTIAL, LONG, differential, draw_script, ours_from_torch
+from ._support import (
+    DIFFERENTIAL,
+    LONG,
+    _lifecycle,
+    differential,
+    draw_script,
+    ours_from_torch,
+)
 from .seed_agent import SeedAgent
 
 # --long runs 100,000 scripts per preset: minutes on a quiet machine, far more on a shared one.
@@ -40,6 +48,15 @@ def test_torchelastic_preset_matches_the_seed_transcription(data: st.DataObject)
     config, script = draw_script(data, "torchelastic")
     problems = differential(SeedAgent, "torchelastic", config, script)
     assert not problems, "\n\n".join(problems)
+
+
+@DIFFERENTIAL
+@given(st.data())
+def test_resilient_preset_matches_its_behaviour_table(data: st.DataObject) -> None:
+    # No agent outside fsm_agent implements resilient: the reference model, written from issue
+    # 10's table, is the only other side (exit codes, signals, virtual time and jitter drawn).
+    config, script = draw_script(data, "resilient")
+    check_script(_lifecycle("resilient"), config, script, spec="resilient")
 
 
 # One script per intended divergence, on which torch's agent and fsm_agent really do differ in

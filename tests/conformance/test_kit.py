@@ -135,14 +135,14 @@ def test_state_machine_base_class_runs_as_a_test_case() -> None:
 
 def test_stateful_mode_of_run_conformance_finds_the_same_bug() -> None:
     with pytest.raises(ConformanceFailure):
-        run_conformance(mutants.BarrierTwice, settings=settings(REJECT, stateful_step_count=6),
-                        stateful=True, seed=1)
+        run_conformance(mutants.BarrierTwice, spec="torchrun",
+                        settings=settings(REJECT, stateful_step_count=6), stateful=True, seed=1)
 
 
 def test_seed_makes_a_run_reproducible() -> None:
     def message(seed: int) -> str:
         with pytest.raises(ConformanceFailure) as info:
-            run_conformance(mutants.SwallowsUnknown, settings=REJECT, seed=seed)
+            run_conformance(mutants.SwallowsUnknown, spec="torchrun", settings=REJECT, seed=seed)
         return str(info.value)
 
     assert message(7) == message(7)
@@ -160,11 +160,25 @@ def test_bad_targets_and_specs_are_refused_before_hypothesis_runs(tmp_path: Path
 def test_check_script_reports_one_script() -> None:
     config = RunConfig(max_restarts=1)
     script = [Tick("FAILED"), Tick("SUCCEEDED", barrier="timeout")]
-    trace = check_script(SimpleElasticAgent, config, script)
+    trace = check_script(SimpleElasticAgent, config, script, spec="torchrun")
     assert trace.outcome.state == "SUCCEEDED"
     assert trace.remaining_restarts == 0
     with pytest.raises(ConformanceFailure, match="SkipsBarrier"):
-        check_script(mutants.SkipsBarrier, config, script)
+        check_script(mutants.SkipsBarrier, config, script, spec="torchrun")
+
+
+def test_the_default_spec_is_torchelastic_everywhere() -> None:
+    # as for every fsm-agent command: torch 2.x's agent gives up without the seed's barrier
+    script = [Tick("FAILED")]
+    config = RunConfig(max_restarts=0)
+    with pytest.raises(ConformanceFailure, match="does not conform to spec 'torchelastic'"):
+        check_script(SimpleElasticAgent, config, script)
+    with pytest.raises(ConformanceFailure, match="does not conform to spec 'torchelastic'"):
+        run_conformance(SimpleElasticAgent, settings=REJECT, seed=0)
+    assert run_script(Lifecycle, config, script).outcome.type_name == (
+        "WorkerGroupFailureException")
+    assert conformance_machine(SimpleElasticAgent).spec == SupervisorConformance.spec == (
+        "torchelastic")
 
 
 def test_recorded_torch_run_is_what_torch_did() -> None:
@@ -195,7 +209,8 @@ def test_a_target_the_kit_cannot_script_is_a_harness_error_not_a_counterexample(
         name: str) -> None:
     target, message = UNSCRIPTABLE[name]
     with pytest.raises(HarnessError) as info:
-        run_conformance(target, settings=REJECT, seed=0)
+        # torch agents, which conform to torchrun: only the harness error can end the search
+        run_conformance(target, spec="torchrun", settings=REJECT, seed=0)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -203,5 +218,5 @@ def test_a_target_the_kit_cannot_script_is_a_harness_error_not_a_counterexample(
 def test_a_harness_error_met_mid_search_also_ends_the_stateful_search() -> None:
     target, message = UNSCRIPTABLE["UsesTheStoreForTrainers"]
     with pytest.raises(HarnessError, match=re.escape(message)):
-        run_conformance(target, settings=settings(REJECT, stateful_step_count=6), seed=0,
-                        stateful=True)
+        run_conformance(target, spec="torchrun", settings=settings(REJECT, stateful_step_count=6),
+                        seed=0, stateful=True)
