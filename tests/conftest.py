@@ -56,6 +56,7 @@ _NEEDS_TORCH = (
     "tests/diag/test_report.py::test_the_analysis_names_the_root_cause_decisions_and_budget",
     "tests/diag/test_report.py::test_text_format_prints_the_summary",
     "tests/diag/test_report.py::test_the_report_renders_in_chromium",
+    "tests/diag/test_report.py::test_the_readme_example_two_agents_hang_crash_and_recover",
     "tests/diag/test_trace_bounds.py::test_a_killed_writer_leaves",
     "tests/diag/test_trace_bounds.py::test_a_healthy_job_at_a_tenth_of_a_second",
     "tests/tools/test_replay_policy.py::test_a_real_run_records",
