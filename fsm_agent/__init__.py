@@ -21,6 +21,7 @@ from ._errors import (
     LifecycleError,
     Problem,
     SpecError,
+    TriggerInterrupt,
     WorkerGroupFailureException,
 )
 from ._load import load_spec, parse_spec, preset_names
@@ -54,6 +55,7 @@ __all__ = [
     "Step",
     "SystemClock",
     "TransitionSpec",
+    "TriggerInterrupt",
     "VirtualClock",
     "Vocabulary",
     "WorkerGroupFailureException",

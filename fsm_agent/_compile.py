@@ -16,7 +16,7 @@ from typing import Any, cast
 import attrs
 from transitions import EventData, Machine, State
 
-from ._errors import ActionError
+from ._errors import ActionError, TriggerInterrupt
 from ._spec import ALWAYS_TRIGGER, ERROR_STATE, OBSERVATION_TRIGGERS, Spec
 from ._step import ActionRecord
 from ._timers import Timer, make_timer
@@ -65,8 +65,8 @@ def _wrap_action(name: str, adef: ActionDef, kind: str,
             if step is not None:
                 step.actions.append(ActionRecord(name, kind, time.perf_counter() - t0, "raised",
                                                  f"{type(err).__name__}: {err}"))
-            if terminal:
-                raise
+            if terminal or isinstance(err, TriggerInterrupt):
+                raise  # the spec's own outcome, or a redirection the engine takes (_fire)
             raise _fault(ctx, _edge(ev), name, kind, err) from err
         if step is not None or budget is not None:
             took = time.perf_counter() - t0

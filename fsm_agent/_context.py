@@ -57,6 +57,9 @@ class Context:
     rng: random.Random = attrs.field(factory=random.Random, repr=False)
     #: The budget's sliding window in seconds (inf: the whole job, as torch counts).
     window: float = math.inf
+    #: Who counts failure restarts: "agent" (each agent, as torch) or "job" (the driver's
+    #: job-wide ledger, when the driver has one: see ``fsm_agent._driver.JobDriver``).
+    budget_scope: str = "agent"
     #: When each failure restart was consumed (for windows), most recent last.
     restart_times: list[float] = attrs.field(factory=list, repr=False)
     #: When the workers were last started; None before the first start.
@@ -85,8 +88,23 @@ class Context:
         value = memo[name] = bool(self.guard_fns[name](self))
         return value
 
+    def job_driver(self) -> Any:
+        """The driver, if the budget is the job's and the driver keeps a job-wide count."""
+        if self.budget_scope != "job":
+            return None
+        driver = self.driver
+        if not callable(getattr(driver, "add_job_restart", None)):
+            return None
+        return driver if getattr(driver, "has_job", True) else None
+
     def refresh_budget(self) -> None:
-        """Recount ``remaining_restarts`` for a sliding window (a no-op for the whole job)."""
+        """Recount ``remaining_restarts`` for a sliding window or a job-wide budget (a no-op for
+        an agent's budget over the whole job)."""
+        job = self.job_driver()
+        if job is not None:
+            used = int(job.job_restart_count(self.window))
+            self.remaining_restarts = max(0, self.max_restarts - used)
+            return
         if self.window == math.inf:
             return
         horizon = self.clock.now() - self.window

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "JobDriver"]
 
 
 @runtime_checkable
@@ -41,3 +41,34 @@ class Driver(Protocol):
 
     def put_metric(self, name: str, value: int) -> None:
         """Publish one metric (torch's ``put_metric`` in the torch driver)."""
+
+
+@runtime_checkable
+class JobDriver(Protocol):
+    """Optional driver methods for a job of several agents (``fsm_agent.torch``'s driver has them).
+
+    With them, a spec whose budget is ``job`` counts failure restarts once for the whole job
+    (``has_restarts_left``, ``consume_restart`` and ``remaining_restarts`` read the job's count),
+    and ``announce_failure`` tells every other agent that this one gives up. A driver without
+    them is a job of one agent: the budget is counted by the lifecycle, the announcement is
+    skipped. ``window`` is the budget's sliding window in seconds (``inf``: the whole job).
+    ``has_job`` (optional, default True) says whether the driver is in a job of several agents
+    right now; when False the lifecycle counts by itself.
+    """
+
+    def job_restart_count(self, window: float) -> int:
+        """Failure restarts the job has counted (within ``window``)."""
+        ...
+
+    def job_restarts_left(self, max_restarts: int, window: float) -> int:
+        """Restarts left for a failure of the current round (at least 1 when another agent has
+        already counted that round's failure)."""
+        ...
+
+    def add_job_restart(self, max_restarts: int, window: float) -> int:
+        """Count the current round's failure restart once for the job; the job's count after
+        it. Raises ``TriggerInterrupt`` (``job_failed``) when the budget was spent meanwhile."""
+        ...
+
+    def announce_failure(self, exit_code: int, reason: str) -> None:
+        """Tell every agent of the job that it failed (the first announcement wins)."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock, SystemClock
 from ._compile import compile_spec, guard_value
-from ._errors import LifecycleError
+from ._errors import ActionError, LifecycleError, TriggerInterrupt
 from ._load import load_spec
 from ._params import bind_params
 from ._spec import (
@@ -116,6 +116,7 @@ class Lifecycle:
             clock=clock if clock is not None else _CLOCK,
             rng=rng if rng is not None else _RNG,
             window=float(self.spec.budget.window.resolve(values)),
+            budget_scope=self.spec.budget.scope,
             guard_fns=self._compiled.guards,
         )
         self._listeners: tuple[Listener, ...] = tuple(listeners)
@@ -294,6 +295,11 @@ class Lifecycle:
                     step.failures = getattr(obs, "failures", None) or {}
             try:
                 taken = self._fast(trigger) or event.trigger(ctx)
+            except TriggerInterrupt as err:
+                # An action ended early on purpose (the job is over): the machine takes the
+                # interrupt's trigger from where it stands, if it can.
+                trigger = self._redirect(err, source, step)
+                continue
             except BaseException as err:
                 self._done = True
                 self._settle()
@@ -320,6 +326,24 @@ class Lifecycle:
                 self._done = True
                 self._settle()
             return
+
+    def _redirect(self, err: TriggerInterrupt, source: str, step: Step | None) -> str:
+        """The trigger to take after ``err`` interrupted an action; a fault if none can be."""
+        ctx, compiled = self._ctx, self._compiled
+        if step is not None:
+            step.error = f"interrupted: {err}"
+            self._notify(step)
+        event = compiled.events.get(err.trigger)
+        if ctx.state == source and event is not None and source in event.transitions:
+            log.info("[%s] %s during %s: %s", ctx.role, err.trigger, source, err.reason or err)
+            return err.trigger
+        dest = ctx.state
+        ctx.state = "UNKNOWN"
+        self._done = True
+        self._settle()
+        raise ActionError(f"[{ctx.role}] {err.trigger} interrupted an action in {dest}, which has "
+                          f"no transition on it: {err}", action="?", trigger=err.trigger,
+                          source=source, dest=dest) from err
 
     def _fast(self, trigger: str) -> bool:
         """Take an action-less stay-put transition without transitions' machinery, if enabled.

@@ -12,6 +12,7 @@ __all__ = [
     "LifecycleError",
     "Problem",
     "SpecError",
+    "TriggerInterrupt",
     "WorkerGroupFailureException",
 ]
 
@@ -57,6 +58,23 @@ class ActionError(LifecycleError):
         self.trigger = trigger
         self.source = source
         self.dest = dest
+
+
+class TriggerInterrupt(Exception):
+    """Raised by a driver method that waits (a rendezvous) to end its action early.
+
+    The engine does not treat it as an action fault: the transition in progress is abandoned
+    where it stands (its remaining actions do not run) and the machine takes ``trigger`` (one of
+    the spec's own triggers) from its current state instead. A state without a transition on
+    ``trigger`` makes it an ordinary action fault (UNKNOWN). Raise it only from actions that run
+    before the state change (a transition's ``actions``), where the machine is still in the
+    source state: an entry action of a final state cannot be redirected.
+    """
+
+    def __init__(self, trigger: str, reason: str = "") -> None:
+        super().__init__(f"{trigger}: {reason}" if reason else trigger)
+        self.trigger = trigger
+        self.reason = reason
 
 
 class WorkerGroupFailureException(Exception):

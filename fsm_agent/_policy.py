@@ -20,9 +20,11 @@ DEFAULT_OUTCOMES: dict[str, OutcomeSpec] = {
         OutcomeSpec("restart", "STOPPED", ("consume_restart", "stop_workers"), restarts=True),
         OutcomeSpec("restart_after_backoff", "BACKOFF", ("consume_restart", "stop_workers"),
                     restarts=True),
-        OutcomeSpec("give_up", "FAILED", ("stop_workers",), restarts=False),
-        OutcomeSpec("give_up_no_requeue", "FAILED", ("stop_workers", "no_requeue"),
-                    restarts=False),
+        # Giving up tells the other agents of the job first (a no-op for a single agent), with
+        # the exit code the job ends with.
+        OutcomeSpec("give_up", "FAILED", ("announce_failure", "stop_workers"), restarts=False),
+        OutcomeSpec("give_up_no_requeue", "FAILED",
+                    ("no_requeue", "announce_failure", "stop_workers"), restarts=False),
     )
 }
 

@@ -30,6 +30,12 @@ log = logging.getLogger("fsm_agent")
 
 
 def _has_restarts_left(ctx: Context) -> bool:
+    job = ctx.job_driver()
+    if job is not None:
+        # The job's ledger decides; a failure another agent already counted for this round
+        # leaves at least this restart (it rides along on that count).
+        ctx.refresh_budget()
+        return int(job.job_restarts_left(ctx.max_restarts, ctx.window)) > 0
     ctx.refresh_budget()
     return ctx.remaining_restarts > 0
 
@@ -58,6 +64,14 @@ def _restart_workers(ctx: Context) -> None:
 
 
 def _consume_restart(ctx: Context) -> None:
+    job = ctx.job_driver()
+    if job is not None:
+        # Counted once for the job, atomically with the decision; raises TriggerInterrupt
+        # (job_failed) if another round took the last restart since the guard looked.
+        used = int(job.add_job_restart(ctx.max_restarts, ctx.window))
+        ctx.restart_count += 1
+        ctx.remaining_restarts = max(0, ctx.max_restarts - used)
+        return
     ctx.restart_count += 1
     ctx.restart_times.append(ctx.clock.now())
     del ctx.restart_times[:-MAX_ATTEMPTS_KEPT]
@@ -89,6 +103,18 @@ def _exit_barrier(ctx: Context) -> None:
         )
     else:
         log.info("Done waiting for other agents. Elapsed: %s seconds", time.monotonic() - start)
+
+
+def _announce_failure(ctx: Context) -> None:
+    # Tell the other agents of the job, before anything else, that this one gives up; a driver
+    # without a job (a single agent, a test driver) has nobody to tell.
+    announce = getattr(ctx.driver, "announce_failure", None)
+    if announce is None:
+        return
+    observed = ctx.observed.state.name if ctx.observed is not None else "no observation"
+    announce(1 if ctx.exit_code is None else ctx.exit_code,
+             f"[{ctx.role}] gave up in {ctx.state} on {observed} after {ctx.restart_count} "
+             f"failure restart(s) (max_restarts={ctx.max_restarts})")
 
 
 def _raise_failure(ctx: Context) -> None:
@@ -133,6 +159,7 @@ _BUILTIN_ACTIONS: dict[str, ActionDef] = {
     "restart_workers": ActionDef(_restart_workers),
     "consume_restart": ActionDef(_consume_restart),
     "exit_barrier": ActionDef(_exit_barrier),
+    "announce_failure": ActionDef(_announce_failure),
     "raise_failure": ActionDef(_raise_failure, terminal=True),
     "raise_invalid_state": ActionDef(_raise_invalid_state, terminal=True),
     "capture_stacks": ActionDef(_capture_stacks),
