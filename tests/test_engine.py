@@ -211,9 +211,11 @@ def test_registered_guards_actions_and_triggers() -> None:
         actions={"notify": lambda ctx: seen.append(f"{ctx.role}:{ctx.state}")},
     )
     text = load_spec("torchrun").path
-    source = open(text).read().replace(  # noqa: SIM115
+    with open(text) as f:
+        source = f.read().replace("triggers: [job_failed]", "triggers: [job_failed, drain]")
+    source = source.replace(
         "transitions:\n",
-        "triggers: [drain]\ntransitions:\n"
+        "transitions:\n"
         "  - {trigger: drain, source: HEALTHY, dest: FAILED, guards: [drain_requested],"
         " actions: [notify, stop_workers]}\n",
     )
