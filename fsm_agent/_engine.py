@@ -368,7 +368,9 @@ class Lifecycle:
         ctx.deadline = None
         if ctx.state not in self._compiled.finals:
             return
-        obs = ctx.observed
+        obs, api = ctx.observed, _torch_types
+        if obs is None and self._compiled.reported[ctx.state] == "FAILED":  # ended before a tick
+            obs = api().RunResult(state=api().WorkerState.FAILED)
         if obs is not None and self._compiled.reported[ctx.state] == "FAILED" \
                 and obs.state.name != "FAILED":
             # Giving up always reports FAILED: torch 2.13 returns the raw UNHEALTHY result here,

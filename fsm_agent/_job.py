@@ -1,0 +1,388 @@
+"""One outcome for the whole job, and one restart budget: kept on the rendezvous store.
+
+Every agent of a job already shares a key-value store: torch's c10d rendezvous keeps its state in
+a ``TCPStore`` hosted by one of the agents. :class:`JobChannel` adds a few keys to it, under
+``fsm_agent/job/<run_id>/``:
+
+``outcome``
+    The job's outcome once an agent gave up: written with ``compare_set`` on the absent key, so
+    the first announcement wins and every agent reads the same one (JSON: exit code, node,
+    reason). Agents poll for it wherever they wait (:meth:`JobChannel.poll`, at most every
+    ``poll_interval``); an agent that reads it stops its workers and ends with the same outcome.
+``acks``
+    A counter (``store.add``): every agent adds 1 when it learns the outcome. The agents wait
+    (boundedly) until everyone of the last round has, so that the agent hosting the store does
+    not take the news down with it.
+``restarts``
+    The job-wide restart ledger: the rendezvous rounds whose failure restart was counted, each
+    with the wall-clock time of the claim. Claims are a ``compare_set`` loop, so deciding and
+    counting are one atomic step: the budget can never be exceeded, and a failure that several
+    agents see in the same round is counted once (the others ride along on the first claim).
+``finishing``
+    Set by an agent that reached its exit barrier after success: a restart that needs that agent
+    in the next round can never complete.
+
+Nothing here does I/O of its own beyond the store it is given; :class:`MemoryStore` has the same
+semantics as ``TCPStore`` for the operations used, for tests and simulations. The model checked
+by TLC (``specs/model/JobProtocol.tla``) is this protocol; docs/job-protocol.md explains it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from ._errors import TriggerInterrupt
+
+__all__ = [
+    "JOB_FAILED",
+    "LINGER_TIMEOUT",
+    "POLL_INTERVAL",
+    "JobChannel",
+    "JobOutcome",
+    "JobOver",
+    "MemoryStore",
+    "Store",
+    "StoreTimeout",
+]
+
+#: The spec trigger an agent fires when the job's outcome has been announced.
+JOB_FAILED = "job_failed"
+#: How often an agent looks at the store for an announcement while it waits (seconds). Every
+#: agent learns an outcome within this (plus one store round trip) wherever it waits.
+POLL_INTERVAL = 0.2
+#: The longest an agent waits, after the job failed, for the others to acknowledge it.
+LINGER_TIMEOUT = 10.0
+
+_PREFIX = "fsm_agent/job"
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The ``TCPStore`` operations the protocol uses (torch's ``Store`` has them all)."""
+
+    def set(self, key: str, value: str | bytes) -> None:
+        """Set ``key``."""
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``; waits (up to the store's timeout) until it exists."""
+        ...
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer at ``key`` (0 if absent); the new value, atomically."""
+        ...
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (absent counts as ``""``); return
+        the value it holds afterwards (``expected`` itself if the key is absent and ``expected``
+        is not empty: TCPStore's semantics)."""
+        ...
+
+    def check(self, keys: list[str]) -> bool:
+        """Whether every key in ``keys`` exists (never waits)."""
+        ...
+
+
+class StoreTimeout(TimeoutError):
+    """``MemoryStore.get`` waited its whole timeout for a key that never appeared."""
+
+
+def _b(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class MemoryStore:
+    """An in-memory store with ``TCPStore``'s semantics for the operations in :class:`Store`.
+
+    Thread-safe. ``get`` waits for an absent key up to ``timeout`` seconds and then raises
+    :class:`StoreTimeout` (TCPStore raises ``DistStoreError``). ``add`` on a value that is not an
+    integer raises ``ValueError`` (TCPStore's server drops the connection). ``close()`` makes
+    every later call raise ``ConnectionError``, as calls to a ``TCPStore`` whose host is gone
+    raise ``DistNetworkError`` (a ``RuntimeError``).
+    """
+
+    def __init__(self, timeout: float = 30.0) -> None:
+        self._data: dict[str, bytes] = {}
+        self._cond = threading.Condition()
+        self.timeout = timeout
+        self.closed = False
+        #: Operations served, by name (for tests and the simulation's cost model).
+        self.ops: dict[str, int] = {}
+
+    def _op(self, name: str) -> None:
+        if self.closed:
+            raise ConnectionError("store connection closed: its host is gone")
+        self.ops[name] = self.ops.get(name, 0) + 1
+
+    def set(self, key: str, value: str | bytes) -> None:
+        """Set ``key``."""
+        with self._cond:
+            self._op("set")
+            self._data[key] = _b(value)
+            self._cond.notify_all()
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, waiting up to ``timeout`` for it."""
+        with self._cond:
+            self._op("get")
+            if not self._cond.wait_for(lambda: key in self._data or self.closed, self.timeout):
+                raise StoreTimeout(f"wait timeout after {self.timeout * 1000:.0f}ms, keys: {key}")
+            self._op("get")  # closed while waiting
+            return self._data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer at ``key``."""
+        with self._cond:
+            self._op("add")
+            raw = self._data.get(key, b"0")
+            try:
+                value = int(raw) + int(amount)
+            except ValueError:
+                raise ValueError(f"add on {key!r}: value {raw!r} is not an integer") from None
+            self._data[key] = str(value).encode()
+            self._cond.notify_all()
+            return value
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        """TCPStore's compare-and-set."""
+        with self._cond:
+            self._op("compare_set")
+            want = _b(expected)
+            if key not in self._data:
+                if want:
+                    return want
+                self._data[key] = _b(desired)
+                self._cond.notify_all()
+                return self._data[key]
+            if self._data[key] == want:
+                self._data[key] = _b(desired)
+                self._cond.notify_all()
+            return self._data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        """Whether every key exists."""
+        with self._cond:
+            self._op("check")
+            return all(k in self._data for k in keys)
+
+    def close(self) -> None:
+        """The store's host is gone: every call from now on raises ``ConnectionError``."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+@attrs.frozen
+class JobOutcome:
+    """What the first agent that gave up announced: every agent ends with it."""
+
+    exit_code: int
+    node: str
+    reason: str
+    outcome: str = "FAILED"
+
+    def encode(self) -> bytes:
+        """The store value."""
+        return json.dumps(attrs.asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> JobOutcome:
+        """Read a store value; anything unreadable is still a failed job (exit code 1)."""
+        try:
+            data = json.loads(raw)
+            return cls(exit_code=int(data["exit_code"]), node=str(data["node"]),
+                       reason=str(data["reason"]), outcome=str(data.get("outcome", "FAILED")))
+        except (ValueError, KeyError, TypeError):
+            return cls(exit_code=1, node="?", reason=f"unreadable announcement {raw[:80]!r}")
+
+    def describe(self) -> str:
+        """One line for logs and the final message."""
+        return (f"the job failed: {self.reason} (announced by {self.node}, "
+                f"exit code {self.exit_code})")
+
+
+class JobOver(TriggerInterrupt):
+    """The job is over: raised from inside an action (a rendezvous, a restart's claim) so that
+    the lifecycle takes ``job_failed`` at once instead of finishing the action."""
+
+    def __init__(self, outcome: JobOutcome) -> None:
+        super().__init__(JOB_FAILED, outcome.describe())
+        self.outcome = outcome
+
+
+def _ledger(raw: bytes) -> list[tuple[str, float]]:
+    out = []
+    for entry in raw.decode(errors="replace").split(","):
+        rnd, _, when = entry.partition("@")
+        if rnd:
+            try:
+                out.append((rnd, float(when)))
+            except ValueError:
+                out.append((rnd, 0.0))
+    return out
+
+
+class JobChannel:
+    """One agent's view of the job's keys on the rendezvous store.
+
+    ``node`` names this agent in announcements (host and node rank, say). ``clock`` (monotonic)
+    paces the polls; ``wall`` stamps the restart ledger (its window spans machines, so it needs
+    a clock they share).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        node: str,
+        *,
+        poll_interval: float = POLL_INTERVAL,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.node = node
+        self.poll_interval = poll_interval
+        self._clock = clock
+        self._wall = wall
+        base = f"{_PREFIX}/{run_id}"
+        self.outcome_key = f"{base}/outcome"
+        self.acks_key = f"{base}/acks"
+        self.ledger_key = f"{base}/restarts"
+        self.finishing_key = f"{base}/finishing"
+        self._outcome: JobOutcome | None = None
+        self._acked = False
+        self._last_poll = -math.inf
+        self._ledger_cache: list[tuple[str, float]] = []
+
+    # -- the outcome -------------------------------------------------------------------------
+
+    @property
+    def outcome(self) -> JobOutcome | None:
+        """The job's outcome, once this agent knows it (it never changes afterwards)."""
+        return self._outcome
+
+    def announce(self, exit_code: int, reason: str) -> JobOutcome:
+        """Announce that the job failed; return the outcome that won (maybe another agent's)."""
+        if self._outcome is not None:
+            return self._outcome
+        mine = JobOutcome(exit_code=int(exit_code), node=self.node, reason=reason)
+        held = self.store.compare_set(self.outcome_key, "", mine.encode())
+        self._learn(JobOutcome.decode(held))
+        assert self._outcome is not None
+        return self._outcome
+
+    def poll(self, *, force: bool = False) -> JobOutcome | None:
+        """The outcome if it has been announced; looks at the store at most every
+        ``poll_interval`` unless ``force``. Store errors propagate (the store's host is gone)."""
+        if self._outcome is not None:
+            return self._outcome
+        now = self._clock()
+        if not force and now - self._last_poll < self.poll_interval:
+            return None
+        self._last_poll = now
+        if not self.store.check([self.outcome_key]):
+            return None
+        self._learn(JobOutcome.decode(self.store.get(self.outcome_key)))
+        return self._outcome
+
+    def _learn(self, outcome: JobOutcome) -> None:
+        self._outcome = outcome
+        self.ack()
+
+    def ack(self) -> None:
+        """Tell the others this agent has read the outcome (once)."""
+        if not self._acked:
+            self._acked = True
+            self.store.add(self.acks_key, 1)
+
+    def acks(self) -> int:
+        """How many agents have read the outcome."""
+        return int(self.store.add(self.acks_key, 0))
+
+    def wait_acks(self, expected: int, timeout: float,
+                  sleep: Callable[[float], object] = time.sleep) -> bool:
+        """Wait until ``expected`` agents have read the outcome, at most ``timeout`` seconds."""
+        deadline = self._clock() + timeout
+        pause = 0.005
+        while self.acks() < expected:
+            left = deadline - self._clock()
+            if left <= 0:
+                return False
+            sleep(min(pause, left))
+            pause = min(self.poll_interval, pause * 2)
+        return True
+
+    # -- the finishing flag ------------------------------------------------------------------
+
+    def mark_finishing(self) -> None:
+        """This agent reached its exit barrier after success: no further round can complete."""
+        self.store.set(self.finishing_key, self.node)
+
+    def finishing(self) -> bool:
+        """Whether some agent has reached its exit barrier after success."""
+        return bool(self.store.check([self.finishing_key]))
+
+    # -- the restart ledger ------------------------------------------------------------------
+
+    def _read_ledger(self) -> bytes:
+        if not self.store.check([self.ledger_key]):
+            return b""
+        return self.store.get(self.ledger_key)
+
+    def ledger(self) -> list[tuple[str, float]]:
+        """The counted failure restarts: (round, wall-clock time of the claim), oldest first."""
+        self._ledger_cache = _ledger(self._read_ledger())
+        return list(self._ledger_cache)
+
+    def _count(self, entries: Sequence[tuple[str, float]], window: float) -> int:
+        if window == math.inf:
+            return len(entries)
+        horizon = self._wall() - window
+        return sum(1 for _, when in entries if when > horizon)
+
+    def restart_count(self, window: float = math.inf, *, cached: bool = False) -> int:
+        """Failure restarts the job counted (within ``window`` seconds of wall-clock time)."""
+        return self._count(self._ledger_cache if cached else self.ledger(), window)
+
+    def restarts_left(self, round_id: str, max_restarts: int, window: float = math.inf) -> int:
+        """Restarts left for a failure in ``round_id``: at least 1 if that round's failure is
+        already counted (another agent claimed it; this one rides along)."""
+        entries = self.ledger()
+        if any(r == str(round_id) for r, _ in entries):
+            return max(1, max_restarts - self._count(entries, window))
+        return max(0, max_restarts - self._count(entries, window))
+
+    def claim_restart(self, round_id: str, max_restarts: int, window: float = math.inf) -> int:
+        """Count the failure restart of ``round_id`` once for the job; the job's count after it.
+
+        Raises :class:`JobOver` (having announced the failure) if another round took the last
+        restart since this agent looked: deciding and counting are one ``compare_set``.
+        """
+        rnd = str(round_id)
+        if "," in rnd or "@" in rnd:
+            raise ValueError(f"round id {rnd!r} may not contain ',' or '@'")
+        current = self._read_ledger()
+        while True:
+            entries = _ledger(current)
+            if any(r == rnd for r, _ in entries):
+                self._ledger_cache = entries
+                return self._count(entries, window)
+            if self._count(entries, window) >= max_restarts:
+                self._ledger_cache = entries
+                outcome = self.announce(1, f"the job's restart budget is spent "
+                                        f"(max_restarts={max_restarts})")
+                raise JobOver(outcome)
+            entry = f"{rnd}@{self._wall():.3f}".encode()
+            desired = current + b"," + entry if current else entry
+            held = self.store.compare_set(self.ledger_key, current, desired)
+            if held == desired:
+                self._ledger_cache = _ledger(desired)
+                return self._count(self._ledger_cache, window)
+            current = held  # another agent claimed in between: look again
