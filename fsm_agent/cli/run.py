@@ -24,6 +24,7 @@ from .._analysis import RunRecorder, format_text
 from .._errors import SpecError
 from .._health import LeftJob
 from .._trace import TraceWriter
+from ..torch._job import JobFailed
 from ..torch._launch import launch
 from ._common import (
     FAILED,
@@ -364,6 +365,12 @@ def main(argv: Sequence[str]) -> int:
     except LeftJob as e:
         # One line: the node is unfit; the scheduler replaces it, the job goes on without it.
         print(f"{PROG}: left the job: {e.reason} (exit {e.exit_code})", file=sys.stderr)
+        return e.exit_code
+    except JobFailed as e:
+        # Another agent gave up (every agent ends with the code it announced), or the
+        # rendezvous store's host is gone.
+        print(f"{PROG}: {e}; workers stopped", file=sys.stderr)
+        _print_summary(recorder, lifecycle_spec)
         return e.exit_code
     except SignalException as e:
         name = signal.Signals(e.sigval).name

@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
+from fsm_agent._job import LINGER_TIMEOUT
 from fsm_agent._params import bind_params
 from fsm_agent.torch._compat import enabled, require_core
 from fsm_agent.torch._driver import TorchDriver
@@ -39,6 +40,7 @@ from fsm_agent.torch._hang import (
     take_stacks,
 )
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
+from fsm_agent.torch._job import JOB_FAILED, AgentJob
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
 from fsm_agent.torch._tick import QuietTicks
@@ -96,6 +98,7 @@ class LifecycleAgentMixin:
     _fsm_hangs: HangDetector | None = None  # the spec's hang_timeout, while workers run
     _fsm_hung_trigger: bool = False  # the spec handles `hung`: timer hangs come that way too
     _fsm_diagnostics: dict[str, Any] | None = None  # for the trace's next record
+    _fsm_job: AgentJob | None = None  # the job of several nodes this agent is part of
 
     def __init__(
         self,
@@ -152,6 +155,11 @@ class LifecycleAgentMixin:
     def driver(self) -> TorchDriver:
         """The driver the lifecycle acts through."""
         return self._fsm_driver
+
+    @property
+    def job(self) -> AgentJob | None:
+        """This agent's part in a job of several nodes (``fsm_agent.torch._job``), if any."""
+        return self._fsm_job
 
     def _make_lifecycle(self) -> Lifecycle:
         spec = self._worker_group.spec
@@ -231,9 +239,30 @@ class LifecycleAgentMixin:
         except BaseException as e:
             # a signal between two transitions still gives the trace a final record.
             record_interruption(lifecycle, self._lifecycle_listeners, e)
+            self._fsm_job_end(lifecycle, e)
             raise
         finally:
             self._fsm_driver.sync_counters()
+
+    def _fsm_job_end(self, lifecycle: Lifecycle, error: BaseException) -> None:
+        # The lifecycle ended by an exception: tell the other agents of the job. An action that
+        # failed (UNKNOWN) fails the job; a signal leaves the rendezvous open for a new agent
+        # (as torch), but with a job-wide budget the failure it causes is counted here, so that
+        # a fast rejoin cannot restart the job for free (pytorch#147064).
+        job = self._fsm_job
+        if job is None or job.outcome is not None:
+            return
+        if isinstance(error, SignalException):
+            if (self._lifecycle_spec.budget.scope == "job"
+                    and lifecycle.state_name in ("HEALTHY", "UNHEALTHY")):
+                try:
+                    job.claim_restart(lifecycle.context.max_restarts, lifecycle.context.window)
+                except Exception as e:  # JobOver: the budget is spent and the failure announced
+                    logger.warning("[%s] leaving on %s: %s", lifecycle.context.role,
+                                   type(error).__name__, e)
+            return
+        if isinstance(error, Exception) and lifecycle.state_name == "UNKNOWN":
+            job.announce(1, f"[{lifecycle.context.role}] {type(error).__name__}: {error}")
 
     # -- the monitor and restart path ---------------------------------------------------------
 
@@ -267,23 +296,39 @@ class LifecycleAgentMixin:
                 interval, state_cache_expiry(self._worker_group.spec.rdzv_handler)
             )
         hangs = self._fsm_hangs
+        sampling = hangs is not None and hangs.watching
+        # Another agent's announcement ends any wait (a tick, a backoff): fsm_agent.torch._job.
+        job = self._fsm_job
+        if job is not None and (lifecycle is None or JOB_FAILED not in lifecycle.spec.triggers):
+            job = None
         woke: bool | None = None
-        if hangs is not None and hangs.watching:
-            # progress samples on their own grid, inside the wait
+        if sampling or job is not None:
+            # progress samples and store polls on their own grids, inside the wait
             deadline = time.monotonic() + interval
             while True:
-                hung = hangs.poll()
-                if hung:
-                    quiet.waited(None)
-                    return self._fsm_report_hang([
-                        HungRank(h.local_rank, self._worker_group.workers[h.local_rank]
-                                 .global_rank, h.pid, h.idle_for, h.describe(hangs.timeout),
-                                 h.exited)
-                        for h in hung], source="progress")
+                if job is not None and job.check() is not None:
+                    quiet.waited(True)
+                    return JOB_FAILED
+                if sampling:
+                    assert hangs is not None
+                    hung = hangs.poll()
+                    if hung:
+                        quiet.waited(None)
+                        return self._fsm_report_hang([
+                            HungRank(h.local_rank, self._worker_group.workers[h.local_rank]
+                                     .global_rank, h.pid, h.idle_for, h.describe(hangs.timeout),
+                                     h.exited)
+                            for h in hung], source="progress")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                woke = self._fsm_wait(min(left, max(hangs.next_sample_in(), 1e-3)))
+                step = left
+                if sampling:
+                    assert hangs is not None
+                    step = min(step, max(hangs.next_sample_in(), 1e-3))
+                if job is not None:
+                    step = min(step, job.poll_interval)
+                woke = self._fsm_wait(step)
                 if woke is not False:
                     break
         else:
@@ -450,7 +495,18 @@ class LifecycleAgentMixin:
         # torch's rendezvous without its needless sleeps (fsm_agent.torch._fastpath).
         first = not self._fsm_rendezvoused
         self._fsm_rendezvoused = True
-        with fast_rendezvous(worker_group.spec.rdzv_handler, first=first):
+        job = self._fsm_job
+        poll = None
+        if job is not None:
+            # A job already over is never joined; while waiting for the others, an announcement
+            # (or a node that finished, on a restart) ends the rendezvous: fsm_agent.torch._job.
+            job.check(force=True)
+            job.rendezvous_poll(restart=not first)
+
+            def poll() -> None:
+                job.rendezvous_poll(restart=not first)
+
+        with fast_rendezvous(worker_group.spec.rdzv_handler, first=first, poll=poll):
             super()._rendezvous(worker_group)  # type: ignore[misc]
 
     # -- run ---------------------------------------------------------------------------------
@@ -458,8 +514,12 @@ class LifecycleAgentMixin:
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
         """torch's ``run()``; afterwards the per-round worker store is released."""
         # A node waiting to join is counted as soon as another thread refreshes the state.
-        unhook = notify_background_syncs(self._worker_group.spec.rdzv_handler,
-                                         _weak_method(self._fsm_wake))
+        handler = self._worker_group.spec.rdzv_handler
+        unhook = notify_background_syncs(handler, _weak_method(self._fsm_wake))
+        self._fsm_job = AgentJob.for_handler(handler, role=self._worker_group.spec.role)
+        if self._fsm_job is not None:
+            self._fsm_job.on_announced = self._fsm_driver.release_exit_barrier
+        self._fsm_driver.job = self._fsm_job
         try:
             with cheap_rendezvous_events():  # torch's events without inspect.stack()
                 return super().run(role)  # type: ignore[misc, no-any-return]
@@ -467,6 +527,12 @@ class LifecycleAgentMixin:
             _clear_library_frames(e)
             raise
         finally:
+            job = self._fsm_job
+            if job is not None:
+                # the workers are stopped (torch's run() did): wait until the others have read
+                # the job's outcome, so that this agent does not take the store down too early.
+                job.linger(max(1, self._worker_group.group_world_size or 1),
+                           min(LINGER_TIMEOUT, self._exit_barrier_timeout))
             unhook()
             self._fsm_driver.close()
             self._fsm_driver.bind(None)  # the lifecycle (kept for inspection) refers to the driver

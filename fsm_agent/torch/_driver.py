@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         WorkerGroup,
     )
 
+    from fsm_agent.torch._job import AgentJob
     from fsm_agent.torch._tick import QuietTicks
 
 __all__ = ["TorchDriver"]
@@ -85,6 +86,9 @@ class TorchDriver:
         self.quiet: QuietTicks | None = None
         self._group_world_size: int | None = None  # of the last rendezvous round
         self._health: list[CheckResult] = []
+        #: Set by the agent for a job of several nodes (``fsm_agent.torch._job``): the job-wide
+        #: budget and the announcement; ``None``: a single agent, counting by itself.
+        self.job: AgentJob | None = None
 
     @property
     def worker_group(self) -> WorkerGroup:
@@ -134,6 +138,10 @@ class TorchDriver:
         with self._counting_restarts() as restart_count:
             self.agent._rendezvous(group)
         self._group_world_size = group.group_world_size
+        if self.job is not None:
+            from fsm_agent.torch._job import round_of
+
+            self.job.round_id = round_of(group.spec.rdzv_handler)
         if self.isolation is not None:
             self.isolation.apply(group, restart_count)
 
@@ -222,9 +230,19 @@ class TorchDriver:
         world_size = group.group_world_size or self._group_world_size
         if not world_size:
             raise RuntimeError("exit barrier: the worker group never completed a rendezvous")
+        job = self.job
+        if job is not None and job.check(force=True) is not None:
+            # The job's outcome is known: nobody needs to wait for anybody (the agent that
+            # announced released this round's barrier for those already waiting).
+            assert job.outcome is not None
+            logger.warning("[%s] exit barrier: %s; not waiting for the other agents",
+                           group.spec.role, job.outcome.describe())
+            return
         # LocalElasticAgent's health check reports "alive" while this flag is set.
         self.agent._in_exit_barrier = True
         try:
+            if job is not None and group.state.name == "SUCCEEDED":
+                job.mark_finishing()  # a peer's restart could never complete now
             if enabled("barrier"):
                 # torch's store barrier blocks signals for the whole timeout; same keys.
                 interruptible_barrier(
@@ -238,8 +256,26 @@ class TorchDriver:
 
                 barrier(store=self.agent._store, world_size=world_size,
                         key_prefix=_TERMINAL_STATE_SYNC_ID, barrier_timeout=timeout)
+            if job is not None and job.check(force=True) is not None:
+                assert job.outcome is not None
+                logger.warning("[%s] exit barrier released: %s", group.spec.role,
+                               job.outcome.describe())
         finally:
             self.agent._in_exit_barrier = False
+
+    def release_exit_barrier(self) -> None:
+        """Release the current round's exit barrier for every agent waiting at it: the job's
+        outcome is announced, so there is nothing left to wait for (torch's own barrier keys:
+        the waiters wait for ``last_member``)."""
+        from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
+
+        store = getattr(self.agent, "_store", None)
+        if store is None:
+            return
+        try:
+            store.set(f"{_TERMINAL_STATE_SYNC_ID}/last_member", "<val_ignored>")
+        except Exception:  # the store is gone: so are the waiters' barriers
+            logger.debug("could not release the exit barrier", exc_info=True)
 
     def capture_stacks(self) -> None:
         """Dump every worker's Python stacks before they are stopped (``capture_stacks``)."""
@@ -264,6 +300,33 @@ class TorchDriver:
         """``check: reason`` of the last health check that failed, if any."""
         failed = [r for r in self._health if not r.ok]
         return f"{failed[-1].name}: {failed[-1].reason}" if failed else None
+
+    # -- JobDriver (fsm_agent._driver): a job of several agents ---------------------------
+
+    @property
+    def has_job(self) -> bool:
+        """Whether this agent shares its job with others (a job-wide budget then counts)."""
+        return self.job is not None
+
+    def job_restart_count(self, window: float) -> int:
+        """Failure restarts the job has counted."""
+        return 0 if self.job is None else self.job.restart_count(window)
+
+    def job_restarts_left(self, max_restarts: int, window: float) -> int:
+        """Restarts left for a failure of the current round."""
+        return 0 if self.job is None else self.job.restarts_left(max_restarts, window)
+
+    def add_job_restart(self, max_restarts: int, window: float) -> int:
+        """Count the current round's failure restart once for the job."""
+        if self.job is None:
+            raise RuntimeError("add_job_restart without a job")
+        return self.job.claim_restart(max_restarts, window)
+
+    def announce_failure(self, exit_code: int, reason: str) -> None:
+        """Tell every other agent of the job that it failed, and release the exit barrier of
+        the agents already waiting at it."""
+        if self.job is not None:
+            self.job.announce(exit_code, reason)
 
     def put_metric(self, name: str, value: int) -> None:
         """Publish through torch's metrics API (group ``torchelastic``, as torch's agent).

@@ -67,11 +67,14 @@ def fast_rendezvous(
     *,
     first: bool,
     sync_poll: float = DEFAULT_SYNC_POLL,
+    poll: Callable[[], None] | None = None,
 ) -> Iterator[None]:
     """Run one ``handler.next_rendezvous()`` inside this block without its needless waits.
 
     ``first``: this is the agent's first rendezvous. Only then, and only when more than one node
     may join, is torch's random start-up skew kept (its purpose: spread many nodes' first joins).
+    ``poll`` runs before each wait of the join loop; what it raises ends the rendezvous (the job
+    protocol's announcement, ``fsm_agent.torch._job``).
     """
     if not enabled("fastpath"):
         yield
@@ -88,6 +91,8 @@ def fast_rendezvous(
     keep_skew = first and (max_nodes is None or max_nodes > 1)
 
     def delay(seconds: float | tuple[float, float]) -> None:
+        if poll is not None:
+            poll()
         if isinstance(seconds, tuple):  # the start-up skew
             if keep_skew:
                 original_delay(seconds)

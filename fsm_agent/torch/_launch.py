@@ -58,6 +58,17 @@ def _log_launch_config(config: Any, entrypoint_name: str) -> None:
 logger = logging.getLogger("fsm_agent.torch")
 
 
+def job_failure(agent: Any) -> Exception | None:
+    """``JobFailed`` when the agent ends with an outcome another agent announced (or with the
+    rendezvous store lost), None when its own outcome stands (it announced, or nobody did)."""
+    from fsm_agent.torch._job import JobFailed
+
+    job = getattr(agent, "job", None)
+    if job is None or job.outcome is None or job.announced_here:
+        return None
+    return JobFailed(job.outcome, store_lost=job.lost is not None)
+
+
 def launch(
     config: LaunchConfig,
     entrypoint: Callable[..., Any] | str | None,
@@ -98,9 +109,10 @@ def launch(
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
     from torch.distributed.launcher.api import _get_addr_and_port, _get_entrypoint_name
 
-    from fsm_agent import WorkerGroupFailureException
+    from fsm_agent import LifecycleError, WorkerGroupFailureException
     from fsm_agent._health import LeftJob
     from fsm_agent.torch._agent import FSMElasticAgent
+    from fsm_agent.torch._job import JobFailed
     from fsm_agent.torch._loopback import loopback_rendezvous_handler
 
     if not config.run_id:
@@ -157,10 +169,17 @@ def launch(
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
         try:
             result = agent.run()
-        except WorkerGroupFailureException as e:
-            if not e.failures:
+        except (WorkerGroupFailureException, LifecycleError) as e:
+            # Another agent gave up first (or the store is gone): end with the job's outcome.
+            failed = job_failure(agent)
+            if failed is not None:
+                raise failed from e
+            if not isinstance(e, WorkerGroupFailureException) or not e.failures:
                 raise
             raise ChildFailedError(name=entrypoint_name, failures=e.failures) from e
+        failed = job_failure(agent)
+        if failed is not None:
+            raise failed
         events.record(agent.get_event_succeeded(), config.event_log_handler)
         if result.is_failed():
             raise ChildFailedError(name=entrypoint_name, failures=result.failures)
@@ -170,6 +189,12 @@ def launch(
     except LeftJob:
         # A node that failed its health checks leaves; the rendezvous stays open for the others
         # (shutting it down would close it for every agent of the job).
+        shutdown_rdzv = False
+        events.record(agent.get_event_failed(), config.event_log_handler)
+        raise
+    except JobFailed:
+        # The agent that announced the outcome closes the rendezvous; the store's host may
+        # already be gone, and this agent's shutdown would only warn about it.
         shutdown_rdzv = False
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise

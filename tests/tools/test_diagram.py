@@ -74,22 +74,25 @@ def test_mermaid_labels_every_edge_of_the_torchelastic_preset() -> None:
         "INIT --> HEALTHY : start / rendezvous, start_workers",
         "HEALTHY --> SUCCEEDED : succeeded",
         "HEALTHY --> STOPPED : failed [has_restarts_left] / consume_restart, stop_workers",
-        "HEALTHY --> FAILED : failed [!has_restarts_left] / stop_workers",
+        "HEALTHY --> FAILED : failed [!has_restarts_left] / announce_failure, stop_workers",
         "HEALTHY --> UNHEALTHY : unhealthy",
         "UNHEALTHY --> STOPPED : always [has_restarts_left] / consume_restart, stop_workers",
-        "UNHEALTHY --> FAILED : always [!has_restarts_left] / stop_workers",
+        "UNHEALTHY --> FAILED : always [!has_restarts_left] / announce_failure, stop_workers",
         "HEALTHY --> STOPPED : healthy [nodes_waiting] / stop_workers",
         "HEALTHY --> HEALTHY : healthy [!nodes_waiting]",
         "STOPPED --> HEALTHY : always / rendezvous, start_workers",
         "HEALTHY --> UNKNOWN : unknown / then raise_invalid_state",
         "HEALTHY --> INIT : init / then raise_invalid_state",
         "HEALTHY --> STOPPED : stopped / then raise_invalid_state",
+        "INIT --> FAILED : job_failed / stop_workers",
+        "HEALTHY --> FAILED : job_failed / stop_workers",
+        "STOPPED --> FAILED : job_failed / stop_workers",
         "SUCCEEDED --> [*]",
         "FAILED --> [*]",
         "UNKNOWN --> [*]",
     ]:
         assert expected in edges
-    assert len(edges) == 17  # 13 transitions, the start arrow and three final arrows
+    assert len(edges) == 20  # 16 transitions, the start arrow and three final arrows
     lines = [x.strip() for x in text.splitlines()]
     # Named first: with only `ID : text` lines Mermaid would show the text instead of the name.
     assert lines.index('state "SUCCEEDED" as SUCCEEDED') < lines.index(
@@ -127,7 +130,8 @@ def test_dot_marks_initial_and_final_states() -> None:
     visible = [e for e in graph.edges() if e.attr["style"] != "invis" and e[0] != "__start"]
     assert len(visible) == sum(len(t.sources) for t in spec.transitions)
     labels = {(e[0], e[1], e.attr["label"]) for e in visible}
-    assert ("HEALTHY", "FAILED", "failed [!has_restarts_left]\\n/ stop_workers") in labels
+    assert ("HEALTHY", "FAILED",
+            "failed [!has_restarts_left]\\n/ announce_failure, stop_workers") in labels
 
 
 def test_svg_and_png_are_rendered_bytes() -> None:
@@ -251,7 +255,8 @@ def test_trace_highlight_counts_edges_and_marks_the_end(capsys) -> None:
     assert "STOPPED --> HEALTHY : always / rendezvous, start_workers ✔ 1×" in edges
     ticks = sum(1 for r in lines(DATA / "fail_once_recover.jsonl") if r.get("trigger") == "healthy")
     assert f"HEALTHY --> HEALTHY : healthy [!nodes_waiting] ✔ {ticks}×" in edges
-    assert "HEALTHY --> FAILED : failed [!has_restarts_left] / stop_workers" in edges
+    assert ("HEALTHY --> FAILED : failed [!has_restarts_left] / announce_failure, stop_workers"
+            in edges)
 
 
 def test_trace_highlight_in_dot(traced) -> None:

@@ -52,8 +52,9 @@ def test_real_give_up_run_follows_torchrun_not_torchelastic() -> None:
     (give_up,) = [t for t in load_spec("torchelastic").outgoing("HEALTHY", "failed")
                   if t.dest == "FAILED"]
     assert res.divergence.message.endswith(
-        f"HEALTHY --failed--> FAILED ran stop_workers; the spec (line {give_up.line}) runs "
-        "stop_workers, then on entering FAILED: exit_barrier, raise_failure")
+        f"HEALTHY --failed--> FAILED ran announce_failure, stop_workers; the spec (line "
+        f"{give_up.line}) runs announce_failure, stop_workers, then on entering FAILED: "
+        "exit_barrier, raise_failure")
 
 
 def test_edge_counts(traced) -> None:

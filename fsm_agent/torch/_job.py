@@ -1,0 +1,240 @@
+"""The torch agent's side of the job protocol (``fsm_agent._job``), on the c10d rendezvous store.
+
+:class:`AgentJob` is created at ``run()`` when the rendezvous may hold more than one node and its
+handler has a store before the first rendezvous (torch's c10d ``DynamicRendezvousHandler``; the
+``static`` and etcd backends have none: their agents decide alone, as torch's). It is what the
+agent calls wherever it waits:
+
+- between two monitor ticks and in a backoff (``LifecycleAgentMixin._monitor_wait``): the wait
+  is cut into slices of at most ``POLL_INTERVAL`` and returns ``job_failed`` once an outcome is
+  read, which the lifecycle fires;
+- in a rendezvous: torch's join loop calls :meth:`rendezvous_poll` between two looks at the
+  rendezvous state (``fast_rendezvous(poll=...)``); it raises :class:`fsm_agent._job.JobOver`, a
+  ``TriggerInterrupt``: the engine abandons the transition and takes ``job_failed`` from the
+  state it was in (INIT, STOPPED, BACKOFF's timeout);
+- at the exit barrier: the barrier's own poll loop asks :meth:`over`, and ends early.
+
+Why an exception inside actions and a returned trigger outside them: outside an action the
+machine rests in a state and the run loop can simply fire a trigger; inside one, the only way out
+of torch's blocking ``next_rendezvous`` without waiting for its timeout is to raise from a point
+torch already polls at, and the engine must tell that exception from a fault (it is not one: the
+spec says where ``job_failed`` goes). The exit barrier is an entry action of a final state, which
+nothing can redirect: it just returns early, and the agent's result follows the job's outcome.
+
+A store that stops answering (its host agent died) is an outcome too: the agent cannot go on
+without its rendezvous, so it ends (exit code 1) with a message naming the store, without
+announcing anything (there is nowhere to announce it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fsm_agent._job import (
+    JOB_FAILED,
+    LINGER_TIMEOUT,
+    POLL_INTERVAL,
+    JobChannel,
+    JobOutcome,
+    JobOver,
+    Store,
+)
+
+__all__ = ["JOB_FAILED", "AgentJob", "JobFailed", "round_of", "store_of"]
+
+logger = logging.getLogger("fsm_agent.torch")
+
+
+def store_of(handler: Any) -> Store | None:
+    """The rendezvous store of ``handler`` if it has one before the first rendezvous."""
+    store = getattr(handler, "_store", None)
+    needed = ("add", "compare_set", "check", "get", "set")
+    return store if store is not None and all(hasattr(store, m) for m in needed) else None
+
+
+def round_of(handler: Any) -> str | None:
+    """The c10d rendezvous round the handler last joined (torch keeps it in its state)."""
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    rnd = getattr(state, "round", None)
+    return None if rnd is None else str(rnd)
+
+
+class AgentJob:
+    """One agent's part in the job-wide protocol: its channel, and what it has learnt."""
+
+    def __init__(self, channel: JobChannel, *, role: str = "default") -> None:
+        self.channel = channel
+        self.role = role
+        #: The outcome this agent ends with when the store became unreachable.
+        self.lost: JobOutcome | None = None
+        self.round_id: str | None = None
+        self.announced_here = False
+        self._count_read = -math.inf
+        self._count: dict[float, int] = {}
+        #: Called once the job's outcome is in the store (the torch driver releases the exit
+        #: barrier of the agents already waiting at it).
+        self.on_announced: Callable[[], None] | None = None
+
+    @classmethod
+    def for_handler(cls, handler: Any, *, role: str, node: str | None = None,
+                    poll_interval: float = POLL_INTERVAL) -> AgentJob | None:
+        """The job of a rendezvous handler, or None (one node at most, or no shared store)."""
+        settings = getattr(handler, "settings", None)
+        max_nodes = getattr(settings, "max_nodes", None)
+        store = store_of(handler)
+        if store is None or (max_nodes is not None and max_nodes <= 1):
+            return None
+        try:
+            run_id = str(handler.get_run_id())
+        except Exception:  # a handler without a run id: no job to share
+            return None
+        node = node or f"{socket.gethostname()}:{os.getpid()}"
+        return cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role)
+
+    # -- what the agent asks while it waits ---------------------------------------------------
+
+    @property
+    def outcome(self) -> JobOutcome | None:
+        """The job's outcome as this agent knows it (announced, or the store lost)."""
+        return self.channel.outcome or self.lost
+
+    @property
+    def poll_interval(self) -> float:
+        """How often the waits look at the store."""
+        return self.channel.poll_interval
+
+    def check(self, *, force: bool = False) -> JobOutcome | None:
+        """Look for an announcement (rate-limited); a store error is the store lost."""
+        if self.lost is not None:
+            return self.lost
+        try:
+            return self.channel.poll(force=force)
+        except Exception as e:  # DistNetworkError and friends: the store's host is gone
+            self.lost = JobOutcome(
+                exit_code=1, node=self.channel.node,
+                reason=f"the rendezvous store is unreachable ({type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else ''}); the agent hosting it is "
+                       "gone, so no agent can rendezvous again",
+            )
+            logger.error("[%s] %s", self.role, self.lost.reason)
+            return self.lost
+
+    def over(self) -> bool:
+        """Whether the job is over (for the exit barrier's poll)."""
+        return self.check() is not None
+
+    def rendezvous_poll(self, *, restart: bool) -> None:
+        """Between two looks at the rendezvous state: raise ``JobOver`` if the job is over, or,
+        on a restart, if a node has already reached its exit barrier (the round to come could
+        never complete: this agent gives up and says so)."""
+        outcome = self.check()
+        if outcome is None and restart:
+            try:
+                finishing = self.channel.finishing()
+            except Exception:
+                finishing = False  # the next check() finds the store lost
+            if finishing:
+                outcome = self.announce(1, "a node already finished (it is at its exit barrier): "
+                                           "a restart of the workers can never complete")
+        if outcome is not None:
+            raise JobOver(outcome)
+
+    def announce(self, exit_code: int, reason: str) -> JobOutcome:
+        """Announce that the job failed (the first announcement wins); never raises."""
+        if self.outcome is not None:
+            return self.outcome
+        try:
+            won = self.channel.announce(exit_code, reason)
+        except Exception as e:
+            self.check(force=True)
+            if self.lost is None:
+                self.lost = JobOutcome(exit_code=exit_code, node=self.channel.node,
+                                       reason=f"{reason} (could not announce it: {e})")
+            return self.lost
+        self.announced_here = won.node == self.channel.node
+        if self.announced_here:
+            logger.error("[%s] announced to every agent: %s", self.role, won.describe())
+        self._announced()
+        return won
+
+    def _announced(self) -> None:
+        if self.on_announced is not None:
+            try:
+                self.on_announced()
+            except Exception:
+                logger.debug("on_announced failed", exc_info=True)
+
+    # -- the budget (TorchDriver's JobDriver methods) ----------------------------------------
+
+    def _round(self) -> str:
+        return self.round_id if self.round_id is not None else "0"
+
+    def restart_count(self, window: float) -> int:
+        """Failure restarts the job has counted (read at most once per poll interval: every
+        monitor tick asks, for the ``remaining_restarts`` metric)."""
+        now = time.monotonic()
+        if now - self._count_read >= self.poll_interval or window not in self._count:
+            self._count = {window: self.channel.restart_count(window)}
+            self._count_read = now
+        return self._count[window]
+
+    def restarts_left(self, max_restarts: int, window: float) -> int:
+        """Restarts left for a failure of the current round."""
+        return self.channel.restarts_left(self._round(), max_restarts, window)
+
+    def claim_restart(self, max_restarts: int, window: float) -> int:
+        """Count the current round's failure restart (raises ``JobOver`` when spent)."""
+        try:
+            count = self.channel.claim_restart(self._round(), max_restarts, window)
+        except JobOver as e:  # the budget is spent: the claim announced it
+            self.announced_here = e.outcome.node == self.channel.node
+            self._announced()
+            raise
+        self._count_read = -math.inf
+        return count
+
+    def mark_finishing(self) -> None:
+        """This agent's workers succeeded and it waits at the exit barrier."""
+        try:
+            self.channel.mark_finishing()
+        except Exception:
+            self.check(force=True)
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def linger(self, expected: int, timeout: float = LINGER_TIMEOUT,
+               sleep: Callable[[float], object] | None = None) -> None:
+        """After the job failed: wait (at most ``timeout``) until ``expected`` agents have read
+        the outcome, so that the store's host does not take it down with it."""
+        if self.channel.outcome is None or self.lost is not None or expected <= 1:
+            return
+        if not math.isfinite(timeout) or timeout <= 0:
+            return
+        try:
+            kwargs = {} if sleep is None else {"sleep": sleep}
+            if not self.channel.wait_acks(expected, timeout, **kwargs):
+                logger.warning("[%s] not every agent acknowledged the job's outcome within "
+                               "%.3g s; leaving anyway", self.role, timeout)
+        except Exception:
+            logger.debug("[%s] store gone while waiting for acknowledgements", self.role,
+                         exc_info=True)
+
+
+class JobFailed(Exception):
+    """Another agent gave up (or the store is gone): this agent ends with the job's outcome."""
+
+    def __init__(self, outcome: JobOutcome, *, store_lost: bool = False) -> None:
+        self.outcome = outcome
+        self.store_lost = store_lost
+        super().__init__(outcome.reason if store_lost else outcome.describe())
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code every agent of the job ends with."""
+        return self.outcome.exit_code
