@@ -56,11 +56,14 @@ _MODEL_ACTIONS = {
     "consume_restart": ("consume_restart",),
     "exit_barrier": ("exit_barrier",),
     "announce_failure": ("announce_failure",),
-    # no effect on the protocol: they end the lifecycle as its final state says
+    # no effect on the protocol: they end the lifecycle as its final state says, or only look
     "raise_failure": (),
     "raise_invalid_state": (),
+    "capture_stacks": (),
 }
 _CODE_KIND = "set_exit_code"
+# A node that leaves the job (a failed health check): it neither fails the job nor reports.
+_LEAVE_KIND = "leave_job"
 
 
 class ModelError(Exception):
@@ -120,12 +123,19 @@ def _code_actions(spec: Spec) -> dict[str, str]:
     return {d.name: d.kind for d in spec.action_defs if d.kind == _CODE_KIND}
 
 
+def _leaving(spec: Spec) -> set[str]:
+    return {d.name for d in spec.action_defs if d.kind == _LEAVE_KIND}
+
+
 def _model_actions(spec: Spec, names: Sequence[str], where: str) -> list[str]:
     codes = _code_actions(spec)
+    leaving = _leaving(spec)
     out: list[str] = []
     for name in names:
         if name in codes:
             out.append(name)
+        elif name in leaving:
+            out.append(_LEAVE_KIND)
         elif name in _MODEL_ACTIONS:
             out.extend(_MODEL_ACTIONS[name])
         else:
@@ -163,7 +173,9 @@ def lifecycle_module(
             f"aft |-> {_tla_seq(_model_actions(spec, t.after, where))}]"
         )
     states = [s.name for s in spec.states]
-    failed_finals = [s.name for s in spec.states if s.final and s.reported == "FAILED"]
+    leaving = _leaving(spec)
+    failed_finals = [s.name for s in spec.states if s.final and s.reported == "FAILED"
+                     and not set(s.enter) & leaving]
     for t in spec.transitions:
         if JOB_FAILED in t.triggers and spec.state(t.dest).final and t.dest not in failed_finals:
             raise ModelError(
@@ -305,9 +317,11 @@ def check_protocol(
     spec = load_spec(spec_or_name)
     if agents < 1:
         raise ValueError(f"agents must be >= 1, got {agents}")
-    bad = set(outcomes) - {"failed", "unhealthy", "succeeded"}
+    bad = set(outcomes) - {"failed", "unhealthy", "succeeded", "hung"}
     if bad:
         raise ValueError(f"unknown worker outcomes {sorted(bad)}")
+    if "hung" not in spec.triggers:  # only a spec that handles it hears of a hang
+        outcomes = tuple(o for o in outcomes if o != "hung")
     if shutil.which(java) is None:
         raise ModelError(f"{java!r} not found: TLC needs Java 11 or newer")
     jar = find_tla2tools()

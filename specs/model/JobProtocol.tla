@@ -28,7 +28,8 @@ CONSTANTS
     MaxCrashes,     \* agents that may die at any moment (no announcement, no acknowledgement)
     MaxLeaves,      \* agents that may leave on a termination signal while their workers run
     MaxRejoins,     \* new agent processes that may take a crashed or departed node's place
-    Outcomes,       \* how workers may end: a subset of {"failed", "unhealthy", "succeeded"}
+    Outcomes,       \* how workers may end: a subset of {"failed", "unhealthy", "succeeded",
+                    \* "hung"} (hung: no progress, delivered as the spec's own trigger)
     LocalCount,     \* TRUE: the broken variant, each agent counts a job budget by itself
     \* --- the lifecycle, generated from a spec file ---
     Initial,        \* the initial state
@@ -43,7 +44,7 @@ CONSTANTS
 None == "none"
 Gone == {"crashed", "left", "exit"}
 Obs == [failed |-> "failed", unhealthy |-> "unhealthy", succeeded |-> "succeeded",
-        run |-> "healthy", none |-> "stopped"]
+        hung |-> "hung", run |-> "healthy", none |-> "stopped"]
 Rng(s) == {s[i] : i \in DOMAIN s}
 
 VARIABLES
@@ -74,7 +75,7 @@ VARIABLES
 vars == <<proc, st, todo, dst, blk, wk, rnd, used, code, seen, rep, round, members, joining,
           arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
 
-Obsv == {"healthy", "failed", "unhealthy", "succeeded", "stopped", "unknown", "init"}
+Obsv == {"healthy", "failed", "unhealthy", "succeeded", "stopped", "unknown", "init", "hung"}
 Srcs(t) == {Trans[i].src : i \in {j \in DOMAIN Trans : Trans[j].trig \in t}}
 Transient == Srcs({"always"})
 Observed == Srcs(Obsv)
@@ -191,6 +192,8 @@ Apply(a, x, v) ==
            ELSE [v EXCEPT !.ann = IF v.ann = None THEN v.code ELSE v.ann, !.seen = TRUE,
                           !.halt = TRUE]
       [] x \in CodeActions -> [v EXCEPT !.code = x]
+      \* a node that failed its health checks leaves the job: it neither fails it nor reports
+      [] x = "leave_job" -> [v EXCEPT !.left = TRUE]
       [] OTHER -> v   \* raise_failure and others without effect on the protocol
 RECURSIVE Exec(_, _, _)
 Exec(a, s, v) ==
@@ -202,21 +205,23 @@ Step(a) ==
     /\ CASE Head(todo[a]) = "rendezvous" ->
               /\ blk' = [blk EXCEPT ![a] = "rdzv"]
               /\ joining' = joining \cup {a}
-              /\ UNCHANGED <<st, todo, dst, wk, used, code, seen, arrived, ann, ledger, flaw>>
+              /\ UNCHANGED <<proc, st, todo, dst, wk, used, code, seen, arrived, ann, ledger,
+                             flaw>>
          [] Head(todo[a]) = "exit_barrier" ->
               /\ blk' = [blk EXCEPT ![a] = "barrier"]
               /\ arrived' = arrived \cup {a}
-              /\ UNCHANGED <<st, todo, dst, wk, used, code, seen, joining, ann, ledger, flaw>>
+              /\ UNCHANGED <<proc, st, todo, dst, wk, used, code, seen, joining, ann, ledger,
+                             flaw>>
          [] Head(todo[a]) = "!job_failed" ->   \* the budget was spent under consume_restart
               /\ IF Accepts(a, "job_failed")
                  THEN Fire(a, "job_failed") /\ UNCHANGED <<st, blk, joining, ann, seen>>
                  ELSE Fault(a) /\ UNCHANGED <<dst, ann, seen>>
-              /\ UNCHANGED <<wk, used, code, arrived, ledger, flaw>>
+              /\ UNCHANGED <<proc, wk, used, code, arrived, ledger, flaw>>
          [] OTHER ->
               LET v == Exec(a, todo[a], [st |-> st[a], wk |-> wk[a], code |-> code[a],
                                          ann |-> ann, seen |-> seen[a], ledger |-> ledger,
                                          used |-> used[a], halt |-> FALSE, rest |-> << >>,
-                                         flaw |-> flaw])
+                                         flaw |-> flaw, left |-> FALSE])
               IN /\ st' = [st EXCEPT ![a] = v.st]
                  /\ wk' = [wk EXCEPT ![a] = v.wk]
                  /\ code' = [code EXCEPT ![a] = v.code]
@@ -224,10 +229,12 @@ Step(a) ==
                  /\ used' = [used EXCEPT ![a] = v.used]
                  /\ ann' = v.ann
                  /\ ledger' = v.ledger
-                 /\ todo' = [todo EXCEPT ![a] = IF v.halt THEN <<"!job_failed">> ELSE v.rest]
+                 /\ todo' = [todo EXCEPT ![a] = IF v.halt THEN <<"!job_failed">>
+                                                ELSE IF v.left THEN << >> ELSE v.rest]
                  /\ flaw' = v.flaw
+                 /\ proc' = [proc EXCEPT ![a] = IF v.left THEN "left" ELSE @]
                  /\ UNCHANGED <<dst, blk, joining, arrived>>
-    /\ UNCHANGED <<proc, rnd, rep, round, members, faults, restarts, failing, stale, slow>>
+    /\ UNCHANGED <<rnd, rep, round, members, faults, restarts, failing, stale, slow>>
 
 \* Waiting in the rendezvous: the poll reads the announcement, or finds that a node of the
 \* last round has already reached its exit barrier (the round to come can never complete:

@@ -21,7 +21,7 @@ from fsm_agent.testing._model_check import (
 )
 
 PRESETS = ("torchelastic", "torchrun", "resilient")
-ALL_OUTCOMES = ("failed", "unhealthy", "succeeded")
+ALL_OUTCOMES = ("failed", "unhealthy", "succeeded", "hung")
 
 # What each run explores (docs/job-protocol.md, "Running the checker"):
 CONFIGS = {
