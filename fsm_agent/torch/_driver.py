@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -120,6 +121,11 @@ class TorchDriver:
             return
         budget = counters.remaining_restarts
         count = counters.restart_count
+        context = getattr(counters, "context", None)
+        if self.job is not None and getattr(context, "budget_scope", None) == "job":
+            # a job-wide budget: every node's workers see the job's count (a node that did not
+            # fail, or joined late, too)
+            count = max(count, self.job.restart_count(math.inf))
         self.agent._remaining_restarts = self.worker_group.spec.max_restarts - count
         try:
             yield count

@@ -29,6 +29,13 @@ def _starts(job: Job) -> list[dict[str, object]]:
     return job.records("start_*.json")
 
 
+def _final_message(job: Job) -> str:
+    """The launcher's one-line verdict (the run summary may follow it)."""
+    lines = [x for x in job.output.splitlines() if x.startswith("fsm-agent run: ")]
+    assert lines, job.output[-3000:]
+    return lines[-1]
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_give_up_ends_both_nodes_with_the_same_code(jobs: Jobs, preset: str) -> None:
@@ -47,7 +54,7 @@ def test_a_give_up_ends_both_nodes_with_the_same_code(jobs: Jobs, preset: str) -
     gave_up = [j for j in (a, b) if "announced to every agent" in j.output]
     assert len(gave_up) == 1, out[-4000:]
     other = b if gave_up[0] is a else a
-    assert "fsm-agent run: the job failed:" in other.output.strip().splitlines()[-1], \
+    assert _final_message(other).startswith("fsm-agent run: the job failed:"), \
         other.output[-2000:]
 
 
@@ -93,7 +100,7 @@ def test_a_fast_rejoin_cannot_bypass_max_restarts_0(jobs: Jobs) -> None:
     assert rc_a == rc_again == 1, out[-5000:]
     assert not _starts(again), "the new agent started workers in a job that was over"
     assert len(_starts(a)) == 1, "node a restarted its workers"
-    last = again.output.strip().splitlines()[-1]
+    last = _final_message(again)
     assert last.startswith("fsm-agent run: the job failed: the job's restart budget is spent"), \
         again.output[-3000:]
     assert "the job failed" in a.output, a.output[-3000:]
@@ -114,7 +121,7 @@ def test_the_store_host_dying_ends_every_agent_with_a_clear_message(jobs: Jobs) 
             os.kill(int(rec["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
     rc = other.wait(30)
     took = time.monotonic() - killed
-    last = other.output.strip().splitlines()[-1]
+    last = _final_message(other)
     assert rc == 1, other.output[-3000:]
     assert took < 10, f"{took:.1f} s after the store's host died"
     assert last.startswith("fsm-agent run: the rendezvous store is unreachable"), last

@@ -74,15 +74,17 @@ def test_resilient_policy_is_one_choice_point_with_numbered_rules() -> None:
     assert "UNHEALTHY --> failure_policy : always" in edges
     # Out of it: each rule once (not once per source), the restart split on the budget guard,
     # without the negations of earlier rules (the numbers say the order).
-    assert ("failure_policy --> FAILED : 1. no_retry [no_retry_exit] / stop_workers, no_requeue"
-            in edges)
+    assert ("failure_policy --> FAILED : 1. no_retry [no_retry_exit] / no_requeue, "
+            "announce_failure, stop_workers") in edges
     assert ("failure_policy --> BACKOFF : 2. retry [has_restarts_left] / consume_restart, "
             "stop_workers") in edges
-    assert "failure_policy --> FAILED : 2. retry [!has_restarts_left] / stop_workers" in edges
+    assert ("failure_policy --> FAILED : 2. retry [!has_restarts_left] / announce_failure, "
+            "stop_workers") in edges
     # The six compiled transitions are drawn as five edges, none straight from a source.
+    # (HEALTHY's other way to FAILED is job_failed: another agent of the job gave up.)
     assert [e for e in edges if e.startswith(("HEALTHY --> FAILED", "UNHEALTHY --> FAILED",
                                               "HEALTHY --> BACKOFF", "UNHEALTHY --> BACKOFF"))
-            ] == []
+            ] == ["HEALTHY --> FAILED : job_failed / stop_workers"]
     assert len([e for e in edges if "failure_policy" in e]) == 5
 
 
@@ -138,9 +140,9 @@ def test_dot_of_resilient() -> None:
     assert "failure" in choice.attr["xlabel"]
     out = {(e[1], e.attr["label"]) for e in graph.out_edges("failure_policy")}
     assert out == {
-        ("FAILED", "1. no_retry [no_retry_exit]\\n/ stop_workers, no_requeue"),
+        ("FAILED", "1. no_retry [no_retry_exit]\\n/ no_requeue, announce_failure, stop_workers"),
         ("BACKOFF", "2. retry [has_restarts_left]\\n/ consume_restart, stop_workers"),
-        ("FAILED", "2. retry [!has_restarts_left]\\n/ stop_workers"),
+        ("FAILED", "2. retry [!has_restarts_left]\\n/ announce_failure, stop_workers"),
     }
     assert {(e[0], e.attr["label"]) for e in graph.in_edges("failure_policy")} == {
         ("HEALTHY", "failed"), ("UNHEALTHY", "always")}
@@ -166,7 +168,8 @@ def test_a_fixed_timer_and_a_rule_with_two_conditions() -> None:
     spec = parse_spec(TWO_CONDITIONS, path="twocond.yaml")
     edges = _edges(to_mermaid(spec))
     assert "HEALTHY --> failure_policy : failed" in edges
-    assert "failure_policy --> FAILED : 1. early_bad [bad_code & early] / stop_workers" in edges
+    assert ("failure_policy --> FAILED : 1. early_bad [bad_code & early] / announce_failure, "
+            "stop_workers") in edges
     assert ("failure_policy --> STOPPED : 2. again [has_restarts_left] / consume_restart, "
             "stop_workers") in edges
     # UNHEALTHY is not in the table's applies_to: its own transition is drawn as written.
@@ -196,9 +199,10 @@ def test_trace_highlights_rule_and_timeout_edges(tmp_path: Path, capsys) -> None
     assert "UNHEALTHY --> failure_policy : always ✔ 1×" in edges
     assert ("failure_policy --> BACKOFF : 2. retry [has_restarts_left] / consume_restart, "
             "stop_workers ✔ 2×") in edges
-    assert ("failure_policy --> FAILED : 1. no_retry [no_retry_exit] / stop_workers, "
-            "no_requeue ✔ 1×") in edges
-    assert "failure_policy --> FAILED : 2. retry [!has_restarts_left] / stop_workers" in edges
+    assert ("failure_policy --> FAILED : 1. no_retry [no_retry_exit] / no_requeue, "
+            "announce_failure, stop_workers ✔ 1×") in edges
+    assert ("failure_policy --> FAILED : 2. retry [!has_restarts_left] / announce_failure, "
+            "stop_workers") in edges
     assert "BACKOFF --> HEALTHY : timeout [node_healthy] / rendezvous, start_workers ✔ 2×" in edges
     # The legend shows the values the run used, from the trace's header.
     assert "parameters (in force)" in _lines(out)

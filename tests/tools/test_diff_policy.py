@@ -56,18 +56,18 @@ def test_a_rule_added_removed_and_its_outcome_changed() -> None:
     added = parse_spec(WITH_CRASH_LOOP, path="added.yaml")
     assert changes(base, added) == [
         ("added", "rule", "crash_loop",
-         ("rule 2: when crash_loop then give_up (to FAILED / stop_workers)",)),
+         ("rule 2: when crash_loop then give_up (to FAILED / announce_failure, stop_workers)",)),
         ("added", "guard", "crash_loop",
          ("consecutive_failures_at_least(count=3, min_uptime=60s)",)),
     ]
     assert changes(added, base)[0] == (
         "removed", "rule", "crash_loop",
-        ("rule 2: when crash_loop then give_up (to FAILED / stop_workers)",))
+        ("rule 2: when crash_loop then give_up (to FAILED / announce_failure, stop_workers)",))
     plain = derived(("      then: give_up_no_requeue\n", "      then: give_up\n"))
     assert changes(base, plain) == [
         ("changed", "rule", "no_retry",
-         ("then: give_up_no_requeue (to FAILED / stop_workers, no_requeue) -> give_up (to "
-          "FAILED / stop_workers)",)),
+         ("then: give_up_no_requeue (to FAILED / no_requeue, announce_failure, stop_workers) -> "
+          "give_up (to FAILED / announce_failure, stop_workers)",)),
     ]
 
 
@@ -168,7 +168,7 @@ def test_parameter_changes() -> None:
 def test_budget_guard_and_action_instance_changes() -> None:
     base = load_spec("resilient")
     other = derived(
-        ("  scope: agent\n  window: restart_window\n", "  scope: agent\n  window: 2h\n"),
+        ("  scope: job\n  window: restart_window\n", "  scope: job\n  window: 2h\n"),
         ("    exit_code_in: no_retry_exit_codes\n",
          "    exit_code_in: {codes: no_retry_exit_codes, ranks: any}\n"),
         ("    set_exit_code: no_requeue_exit_code\n", "    set_exit_code: 94\n"))
@@ -189,13 +189,13 @@ def test_torchrun_against_resilient_compares_the_table_edge_by_edge() -> None:
     assert ("removed", "transition", "HEALTHY --failed [has_restarts_left]--> STOPPED / "
             "consume_restart, stop_workers") in names
     assert ("added", "transition", "HEALTHY --failed [no_retry_exit]--> FAILED (rule no_retry) "
-            "/ stop_workers, no_requeue") in names
+            "/ no_requeue, announce_failure, stop_workers") in names
     (policy,) = [c for c in d.changes if c.element == "policy"]
     assert policy.kind == "added"
     assert policy.details == (
         "decides on failed in HEALTHY, always in UNHEALTHY",
-        "rule 1: when no_retry_exit then give_up_no_requeue (to FAILED / stop_workers, "
-        "no_requeue)",
+        "rule 1: when no_retry_exit then give_up_no_requeue (to FAILED / no_requeue, "
+        "announce_failure, stop_workers)",
         "rule 2: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
         "stop_workers)")
     (backoff,) = [c for c in d.changes if (c.element, c.name) == ("state", "BACKOFF")]
