@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock, SystemClock, VirtualClock
-from ._driver import Driver
+from ._driver import Driver, JobDriver
 from ._engine import Lifecycle
 from ._errors import (
     ActionError,
@@ -41,6 +41,7 @@ __all__ = [
     "Clock",
     "Context",
     "Driver",
+    "JobDriver",
     "Kind",
     "Lifecycle",
     "LifecycleError",

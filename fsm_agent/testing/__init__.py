@@ -1,11 +1,13 @@
 """Public helpers for testing lifecycles and the supervisors that embed them.
 
 ``RecordingDriver`` scripts monitor results and records every driver call; the conformance kit
-checks a supervisor against a spec's reference behaviour with hypothesis.
+checks a supervisor against a spec's reference behaviour with hypothesis; ``check_protocol``
+model-checks a spec's part in the job-wide protocol with TLC (docs/job-protocol.md).
 """
 
 from typing import Any
 
+from ._model_check import ModelError, TLCResult, check_protocol, lifecycle_module
 from ._recording import Call, RecordingDriver, ScriptedRandom, ScriptExhausted, make_result
 
 # The conformance kit needs hypothesis (the `testing` extra); RecordingDriver does not, so the
@@ -45,6 +47,7 @@ __all__ = [
     "ConformanceFailure",
     "Divergence",
     "HarnessError",
+    "ModelError",
     "RecordingDriver",
     "ReferenceRun",
     "RunConfig",
@@ -52,11 +55,14 @@ __all__ = [
     "ScriptedDriver",
     "ScriptedRandom",
     "SupervisorConformance",
+    "TLCResult",
     "Tick",
     "Trace",
+    "check_protocol",
     "check_script",
     "conformance_machine",
     "default_settings",
+    "lifecycle_module",
     "make_result",
     "reference_trace",
     "run_configs",
