@@ -58,6 +58,7 @@ def test_a_give_up_ends_both_nodes_with_the_same_code(jobs: Jobs, preset: str) -
         other.output[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("failing", ["0", "1", "-1"], ids=["node0", "node1", "both"])
 def test_a_job_budget_of_two_allows_exactly_two_failure_restarts(jobs: Jobs,
@@ -77,6 +78,7 @@ def test_a_job_budget_of_two_allows_exactly_two_failure_restarts(jobs: Jobs,
     assert "restart budget is spent" in out or "gave up" in out, out[-4000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_fast_rejoin_cannot_bypass_max_restarts_0(jobs: Jobs) -> None:
     # pytorch#147064: a node's agent stopped by a signal and started again at once rejoined as
