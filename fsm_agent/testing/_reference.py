@@ -28,8 +28,9 @@ STOPPED                            group in <STATE> state")
 ``resilient`` (issue 10, item 3), with its parameters (defaults in :data:`RESILIENT_DEFAULTS`):
 
 * a failure where every failed rank exited with a code in ``no_retry_exit_codes`` gives up at
-  once, without counting a restart: stop; FAILED; the job's exit code is
-  ``no_requeue_exit_code``; return the FAILED result (no exit barrier);
+  once, without counting a restart: the job's exit code is ``no_requeue_exit_code`` (set first:
+  the announcement to the job's other agents carries it); stop; FAILED; return the FAILED
+  result (no exit barrier);
 * every other failure (FAILED or UNHEALTHY) with restarts left restarts after a backoff: count
   the restart, stop, the group reports STOPPED, wait ``min(backoff_max, backoff_initial *
   backoff_factor**n) * (1 + uniform(-backoff_jitter, backoff_jitter))``, rendezvous, start,
@@ -304,10 +305,10 @@ class ReferenceRun:
             self.outcome = Raised("Exception", f"[{role}] Worker group in {observed} state")
 
     def _give_up(self, result: Any, observed: str, exit_code: int | None = None) -> None:
-        self._call("stop_workers")
-        self.state = "FAILED"
         if exit_code is not None:
             self.exit_code = exit_code
+        self._call("stop_workers")
+        self.state = "FAILED"
         if self.preset == "torchelastic":
             self._barrier()
             self.outcome = Raised("WorkerGroupFailureException",
