@@ -263,6 +263,13 @@ def _check_step(
             return chosen, (f"{where}: {move} ran {_fmt_actions(got, rec.source, chosen.dest)};"
                             f" the spec's transition to {chosen.dest} (line {chosen.line}) runs "
                             f"{_fmt_actions(want, rec.source, chosen.dest)}")
+        if str(rec.data.get("error") or "").startswith("interrupted: "):
+            # A TriggerInterrupt (the job is over, say): the transition was abandoned where it
+            # stood, and the engine takes the interrupt's trigger from the same state next.
+            if rec.dest != rec.source:
+                return chosen, (f"{where}: {move} was interrupted, so the machine stays in "
+                                f"{rec.source}, but the trace ends in {rec.dest}")
+            return chosen, None
         failed_kind = str(failed_action.get("kind", "action"))
         terminal = _is_terminal(spec, str(failed_action["name"]))
         if not terminal and rec.dest != ERROR_STATE:
@@ -392,7 +399,8 @@ def replay(spec: Spec, trace: Trace, *, params: Mapping[str, Any] | None = None
         state = rec.dest or state
         remaining = int(rec.data["remaining_restarts"])
         restarts = int(rec.data["restart_count"])
-        if rec.error is not None or state in spec.finals:
+        interrupted = rec.error is not None and rec.error.startswith("interrupted: ")
+        if (rec.error is not None and not interrupted) or state in spec.finals:
             finished = True
     return result(None)
 

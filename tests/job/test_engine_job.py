@@ -175,3 +175,24 @@ def test_without_job_methods_the_budget_is_counted_by_the_lifecycle() -> None:
     lc.run(0.0, sleep=lambda s: None)
     assert lc.state_name == "FAILED" and lc.restart_count == 1
     assert math.isinf(lc.context.window)
+
+
+def test_an_interrupted_transition_replays_against_the_spec(tmp_path: Any) -> None:
+    from fsm_agent.trace import TraceWriter, read_trace, replay
+
+    a, b = _pair([], [])
+    b.channel.announce(7, "another agent gave up")
+    a.interrupt_rendezvous = True
+    path = tmp_path / "trace.jsonl"
+    spec = Lifecycle("torchrun", a).spec
+    writer = TraceWriter(str(path), spec=spec)
+    Lifecycle(spec, a, max_restarts=3, listeners=[writer]).start()
+    writer.close()
+    (trace,) = read_trace(path)
+    result = replay(spec, trace)
+    assert result.ok, result.divergence
+    assert result.final_state == "FAILED" and result.checked == 2
+    # an interrupted step that claims to have moved is refused
+    text = path.read_text().replace('"dest": "INIT"', '"dest": "HEALTHY"', 1)
+    path.write_text(text)
+    assert not replay(spec, read_trace(path)[0]).ok
