@@ -97,16 +97,21 @@ def run_job(
     nnodes: int = 1,
     on_running: Any = None,
     timeout: float = RUN_TIMEOUT,
+    imports: str = "",
+    preload: bool = False,
 ) -> Run:
     """Launch one job (``nnodes`` agents on loopback) and wait for it to end.
 
     ``on_running(run_dir, pids)`` is called once every worker of the first attempt has started
-    (the CPU benchmark samples the agents then).
+    (the CPU benchmark samples the agents then). ``imports``: modules every worker imports after
+    its start event (``BENCH_IMPORT``); ``preload``: fsm-agent preloads them (``--preload``).
     """
     with _workdir() as wd:
         worker_file = wd / "workers.txt"
         env = {**os.environ, "BENCH_OUT": str(worker_file), "PYTHONUNBUFFERED": "1"}
         env.pop("OMP_NUM_THREADS", None)
+        if imports:
+            env["BENCH_IMPORT"] = imports
         common = [
             "--nproc-per-node", str(nproc),
             "--max-restarts", str(max_restarts),
@@ -129,8 +134,9 @@ def run_job(
             log = open(wd / f"agent{node}.log", "wb")  # noqa: SIM115 - closed below
             logs.append(log)
             node_env = {**env, "BENCH_EVENTS": str(wd / f"events{node}.jsonl")}
+            warm = ["--preload", imports] if preload and launcher == "fsm" and imports else []
             argv = [
-                *launcher_argv(launcher), *topology, *common,
+                *launcher_argv(launcher), *topology, *common, *warm,
                 str(WORKER), *[str(a) for a in worker_args],
             ]
             procs.append(
@@ -293,3 +299,27 @@ def startup(run: Run, nproc: int) -> float | None:
     if len(starts) < nproc:
         return None
     return max(starts) - run.t_launch
+
+
+def warm_restart(launcher: str, nproc: int, *, preload: bool, imports: str = "torch",
+                 restarts: int = 1) -> dict[str, list[float]]:
+    """A fail-once job whose workers import ``imports``: from the crash to every restarted worker
+    past its imports ("imported", the worker's own clock), one sample per restart; and from the
+    launch to every first-attempt worker past them (``first``)."""
+    run = run_job(
+        launcher, nproc=nproc, worker_args=[restarts, 0, 0.4, 0.3], max_restarts=restarts,
+        monitor_interval=0.1, imports=imports, preload=preload,
+    )
+    out: dict[str, list[float]] = {"restart": [], "first": []}
+    first = run.worker_times("imported", 0)
+    if len(first) >= nproc:
+        out["first"].append(max(first) - run.t_launch)
+    for attempt in range(1, restarts + 1):
+        crash = run.worker_times("crash", attempt - 1)
+        ready = run.worker_times("imported", attempt)
+        if crash and len(ready) >= nproc:
+            out["restart"].append(max(ready) - crash[0])
+    if not out["restart"]:
+        raise RuntimeError(f"{launcher} warm-restart job had no complete restart; agent log "
+                           f"tail:\n{run.extra.get('log_tail', '')}")
+    return out

@@ -1,8 +1,10 @@
 """Bench worker: record when user code starts, optionally crash, then sleep or finish.
 
-Deliberately imports nothing heavy (no torch): the benchmarks time the agents, not the workers'
-imports. Every event is one O_APPEND write of one line to $BENCH_OUT (atomic for short lines),
-stamped with CLOCK_MONOTONIC, which is system-wide on Linux and so comparable with the agent's.
+Imports nothing heavy (no torch) unless ``BENCH_IMPORT=torch[,...]`` says so: most benchmarks
+time the agents, not the workers' imports; the warm-restart one times exactly that (an
+"imported" event after the imports). Every event is one O_APPEND write of one line to
+$BENCH_OUT (atomic for short lines), stamped with CLOCK_MONOTONIC, which is system-wide on Linux
+and so comparable with the agent's.
 
 The "generation" of a worker is the number of crashes recorded before it started: unlike
 TORCHELASTIC_RESTART_COUNT it is the same on every agent (an agent restarted for a membership
@@ -48,6 +50,13 @@ def record(kind: str, gen: int, t: float) -> None:
 
 gen = generation()
 record("start", gen, T0)
+if os.environ.get("BENCH_IMPORT"):
+    # a real worker's first seconds: what --preload saves ("imported": its next line)
+    import importlib
+
+    for name in os.environ["BENCH_IMPORT"].split(","):
+        importlib.import_module(name)
+    record("imported", gen, time.monotonic())
 crash_attempts, crash_rank = int(sys.argv[1]), int(sys.argv[2])
 crash_after, finish_after = float(sys.argv[3]), float(sys.argv[4])
 if gen < crash_attempts:

@@ -116,8 +116,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="With --trace-max-size: rotated files kept (FILE.1 ... FILE.N; default 1). 0 caps "
         "FILE at SIZE: it starts again when full.",
     )
+    group.add_argument(
+        "--preload",
+        dest="preload",
+        type=_modules,
+        default=[],
+        metavar="MODULE[,MODULE...]",
+        help="Import these modules once, in a template process that forks the Python script "
+        "workers (at the first start and at every restart), instead of each worker importing "
+        "them: a restarted worker reaches its first line after 'import torch' in a fraction of "
+        "the time. Each worker still gets what torchrun gives it (environment, arguments, "
+        "output files, session, signals, exit code). A module that cannot be preloaded is one "
+        "line at start, then the workers start cold. Off by default.",
+    )
     finish_parser(parser, EXAMPLES)
     return parser
+
+
+def _modules(text: str) -> list[str]:
+    from ..torch._preload import check_module_names
+
+    try:
+        return check_module_names(text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _size(text: str) -> int:
@@ -348,6 +370,7 @@ def main(argv: Sequence[str]) -> int:
                 on_agent=lambda agent: setattr(ref, "agent", agent),
                 lifecycle_params=params,
                 isolate_worker_store=args.isolate_worker_store,
+                preload=args.preload,
             )
 
         # torchrun's main is @record: the root cause's error file is copied to the launcher's

@@ -41,6 +41,7 @@ from fsm_agent.torch._hang import (
 )
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
 from fsm_agent.torch._job import JOB_FAILED, AgentJob
+from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
 from fsm_agent.torch._tick import QuietTicks
@@ -583,14 +584,20 @@ def _weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-# hang watchdog and process-group reaping (fsm_agent.torch._heartbeat, _reaper)
+# hang watchdog, process-group reaping and warm starts (fsm_agent.torch._heartbeat, _reaper,
+# _preload)
 class FSMElasticAgent(  # type: ignore[misc]
-    LifecycleAgentMixin, HangWatchdogMixin, ProcessGroupReaperMixin, LocalElasticAgent  # type: ignore[misc]
+    LifecycleAgentMixin,
+    HangWatchdogMixin,
+    ProcessGroupReaperMixin,
+    WarmStartMixin,
+    LocalElasticAgent,  # type: ignore[misc]
 ):
     """torch's ``LocalElasticAgent`` whose run loop is a ``fsm_agent`` lifecycle.
 
     Takes ``LocalElasticAgent``'s arguments (``spec`` is the ``WorkerSpec``, ``logs_specs``,
     ``start_method``, ``exit_barrier_timeout``, ``log_line_prefix_template``,
     ``shutdown_timeout``, ...) plus the mixin's ``lifecycle_spec``, ``listeners`` and
-    ``isolate_worker_store``.
+    ``isolate_worker_store``, and ``preload`` (module names: script workers are forked from a
+    process that imported them once, ``fsm_agent.torch._preload``; default none).
     """

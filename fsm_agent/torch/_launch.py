@@ -80,6 +80,7 @@ def launch(
     on_agent: Callable[[FSMElasticAgent], None] | None = None,
     lifecycle_params: Mapping[str, Any] | None = None,
     isolate_worker_store: bool = True,
+    preload: Sequence[str] = (),
 ) -> dict[int, Any]:
     """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
 
@@ -92,6 +93,9 @@ def launch(
     ``fsm_agent.trace.open_trace``). ``on_agent`` is called with the agent once it is built,
     before it runs. ``isolate_worker_store=False``: restarted workers share the agent's store,
     as under torchrun (docs/runner.md says why the default gives them a fresh one).
+    ``preload``: modules imported once in a template process that forks the
+    script workers (``fsm_agent.torch._preload``; a module that cannot be preloaded is logged
+    and the workers start cold).
 
     Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
@@ -161,6 +165,7 @@ def launch(
         listeners=listeners,
         lifecycle_params=lifecycle_params,
         isolate_worker_store=isolate_worker_store,
+        preload=preload,
     )
     if on_agent is not None:
         on_agent(agent)

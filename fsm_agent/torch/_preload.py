@@ -1,0 +1,494 @@
+"""Warm starts: workers forked from a template process that imported their modules once.
+
+A real worker spends its first seconds importing (``import torch``: 2-4 s on 2 cores, more with
+CUDA libraries and a model's own modules) before its first line of training code, at the first
+start and again after every restart. ``fsm-agent run --preload torch`` (``FSMElasticAgent(...,
+preload=["torch"])``) starts one *template* process when the agent starts: the same interpreter
+and flags as the workers (``python -u``), which imports the listed modules and then waits. Every
+start of a worker that torch's ``SubprocessContext`` would ``Popen`` as ``python -u SCRIPT ...``
+(or ``-m MODULE``) is a ``fork()`` of the template instead, which then becomes that worker:
+
+- a session and process group of its own (``setsid``, what ``start_new_session`` gives; the
+  reaper of ``fsm_agent.torch._reaper`` stops the group as for a cold start);
+- stdin, stdout and stderr the descriptors torch's handler would give ``Popen`` (the redirect
+  files of ``--redirects``/``--log-dir``, which ``--tee`` and ``--local-ranks-filter`` read, or
+  the agent's own), sent over the control socket; every other descriptor closed, as ``Popen``'s
+  ``close_fds``, except those the preloaded modules opened themselves;
+- the environment torch built for it (``os.environ`` replaced: ``RANK``, ``TORCHELASTIC_*``,
+  ``TORCHELASTIC_ERROR_FILE`` ...), the agent's working directory at the time, ``sys.argv``,
+  ``sys.path[0]`` and a ``__main__`` module as the interpreter sets them for a script or ``-m``;
+- default signal dispositions (the template's own handling of SIGCHLD, SIGINT, SIGTERM and
+  SIGHUP undone), fresh seeds for ``random``, ``numpy.random`` and torch's CPU generator (each
+  cold process draws its own at import), the preload's import-time output written to its
+  stdout/stderr first (a cold worker prints it when it imports);
+- its own exit: ``SystemExit`` codes, a traceback and exit code 1 for an uncaught exception (the
+  template's frames left out), death by SIGINT for an uncaught ``KeyboardInterrupt``, death by a
+  signal; the template reaps it and sends the status, which the agent's ``PreloadedProcess``
+  reports as ``Popen.returncode`` does (negative for a signal). The agent watches each worker
+  through a pidfd the template opened at the fork, so a reused pid can never be signalled.
+
+What a forked worker cannot share with a cold one, and what follows from it:
+
+- its parent is the template, not the agent (``os.getppid()``);
+- string hashing uses the template's seed (all workers of one agent alike; a cold start draws one
+  per process unless ``PYTHONHASHSEED`` is set, which the template honours as well);
+- a preloaded module runs its import-time code once, in the template, with the agent's
+  environment: per-worker variables (``RANK``, ``LOCAL_RANK``, ``MASTER_PORT`` ...) are not set
+  then. A module that reads them at import must not be preloaded.
+
+The template refuses (one line, then every worker starts cold, as without ``--preload``) when a
+module cannot be imported, or leaves a Python thread running, or initialises CUDA or opens a
+device (``torch.cuda.is_initialized()``, an open ``/dev/nvidia*``, ``/dev/dri``, ``/dev/kfd`` or
+``/dev/accel``): a forked child cannot use those. Workers whose command line is not the
+template's interpreter with ``-u``/``-m`` (``--no-python``, ``--run-path``, a NUMA binding
+wrapper) start cold. Linux only (``pidfd``, ``SOCK_SEQPACKET``).
+
+torch touch points (for ``fsm_agent/torch/_compat.py``): ``SubprocessContext._start`` looks up
+``get_subprocess_handler`` in ``torch.distributed.elastic.multiprocessing.api``'s globals, which
+:func:`serving` swaps for the duration of one ``_start_workers``; the handler is torch's
+``SubprocessHandler`` with ``_popen`` overridden, and the process object it returns provides what
+``SubprocessContext`` and ``SubprocessHandler.close`` use of a ``Popen`` (``pid``, ``poll``,
+``wait``, ``returncode``, ``send_signal``).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["PreloadedProcess", "Template", "WarmStartMixin", "check_module_names", "serving"]
+
+logger = logging.getLogger("fsm_agent.torch")
+
+#: How long the agent waits for the template to fork a worker and answer.
+SPAWN_TIMEOUT = 60.0
+#: How long the agent waits for the template's exit status of a worker whose pidfd says it ended.
+STATUS_TIMEOUT = 10.0
+_MAX_MESSAGE = 1 << 20
+_DEVICES = ("/dev/nvidia", "/dev/dri", "/dev/kfd", "/dev/accel")
+# The template runs _template.py loaded from its file under a private name: importing it as
+# fsm_agent.torch._template would import the package (and torch) into every worker.
+_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_template.py")
+_CODE = ("import importlib.util as u, sys; s = u.spec_from_file_location('_fsm_agent_template', "
+         "sys.argv[1]); m = u.module_from_spec(s); sys.modules[s.name] = m; "
+         "s.loader.exec_module(m); m.main(sys.argv[2])")
+
+
+def check_module_names(names: Sequence[str]) -> list[str]:
+    """The module names of ``--preload`` (``a,b.c``), or ``ValueError`` naming a bad one."""
+    out = []
+    for given in names:
+        name = given.strip()
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            raise ValueError(f"{name!r} is not a module name")
+        out.append(name)
+    return out
+
+
+def available() -> str | None:
+    """Why warm starts cannot work here, or ``None`` when they can."""
+    if not sys.platform.startswith("linux"):
+        return "needs Linux"
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        return "needs os.pidfd_open (Linux 5.3, Python 3.9)"
+    return None
+
+
+# -- the agent's side --------------------------------------------------------------------------
+
+
+class _Dead(Exception):
+    """The template is gone (or never came up)."""
+
+
+class Template:
+    """The template process and the agent's end of its control socket.
+
+    :meth:`start` launches it (it imports in the background); :meth:`spawn` forks a worker from
+    it once it is ready; :meth:`close` ends it. Not thread-safe: the agent's main thread uses
+    it (``_start_workers`` and the monitor look).
+    """
+
+    def __init__(self, modules: Sequence[str], interpreter: str, flags: Sequence[str],
+                 main: Sequence[str]) -> None:
+        self.modules = tuple(modules)
+        self.interpreter = interpreter
+        self.flags = tuple(flags)  # interpreter options before the script (-u)
+        self.main = tuple(main)  # ("script.py",) or ("-m", "module")
+        self.failed: str | None = None  # why it cannot serve, once known
+        self.ready = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+        self._started = time.monotonic()
+        self._next_id = 0
+        self._replies: dict[int, tuple[dict[str, Any], list[int]]] = {}
+        self._exits: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_command(cls, modules: Sequence[str], entrypoint: Any,
+                    args: Sequence[Any]) -> Template | None:
+        """A template for workers started as ``entrypoint *args``, or ``None`` (logged) when
+        they are not started as ``python [-u] SCRIPT|-m MODULE``."""
+        why = available()
+        parsed = _parse_command(entrypoint, [str(a) for a in args]) if why is None else None
+        if why is None and parsed is None:
+            why = (f"the workers are not started as a Python script or module "
+                   f"({entrypoint!r} {' '.join(str(a) for a in args[:2])} ...)")
+        if why is not None or parsed is None:
+            logger.warning("--preload %s: %s; workers start cold", ",".join(modules), why)
+            return None
+        flags, main, _rest = parsed
+        return cls(modules, str(entrypoint), flags, main)
+
+    def start(self) -> None:
+        """Launch the template; it imports the modules while the agent goes on."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        setup = {"modules": list(self.modules), "main": list(self.main), "flags": list(self.flags),
+                 "fd": theirs.fileno()}
+        try:
+            self.proc = subprocess.Popen(
+                [self.interpreter, *self.flags, "-c", _CODE, _TEMPLATE, json.dumps(setup)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                start_new_session=True,  # the terminal's signals are for the agent, not for it
+            )
+        except OSError as e:
+            ours.close()
+            self._fail(f"cannot start {self.interpreter}: {e.strerror or e}")
+            return
+        finally:
+            theirs.close()
+        self._sock = ours
+        logger.info("--preload %s: template pid %s importing", ",".join(self.modules),
+                    self.proc.pid)
+
+    def _fail(self, why: str) -> None:
+        if self.failed is None:
+            self.failed = why
+            logger.warning("--preload %s: %s; workers start cold", ",".join(self.modules), why)
+        self.close()
+
+    def wait_ready(self) -> bool:
+        """Wait (signals interrupt it) until the template has imported; whether it serves."""
+        while not self.ready and self.failed is None:
+            try:
+                self._pump(1.0)
+            except _Dead as e:
+                self._fail(str(e))
+        return self.ready
+
+    def fits(self, args: Sequence[str]) -> bool:
+        """Whether ``args`` (a worker's full command line) is this template's command."""
+        if not args or args[0] != self.interpreter:
+            return False
+        parsed = _parse_command(args[0], list(args[1:]))
+        return parsed is not None and parsed[0] == self.flags and parsed[1] == self.main
+
+    def spawn(self, args: Sequence[str], env: dict[str, str], stdin: int, stdout: int,
+              stderr: int) -> PreloadedProcess | None:
+        """Fork a worker running ``args`` (its full command line); ``None`` if the template
+        cannot (then logged once, and the caller starts the worker cold)."""
+        if not self.wait_ready():
+            return None
+        parsed = _parse_command(args[0], list(args[1:]))
+        assert parsed is not None and self._sock is not None
+        self._next_id += 1
+        request = {"op": "spawn", "id": self._next_id, "argv": parsed[2], "env": env,
+                   "cwd": os.getcwd()}
+        try:
+            socket.send_fds(self._sock, [json.dumps(request).encode()], [stdin, stdout, stderr])
+            deadline = time.monotonic() + SPAWN_TIMEOUT
+            while self._next_id not in self._replies:
+                if time.monotonic() >= deadline:
+                    raise _Dead(f"no answer to a spawn within {SPAWN_TIMEOUT:g} s")
+                self._pump(min(1.0, deadline - time.monotonic()))
+        except (_Dead, OSError) as e:
+            self._fail(str(e))
+            return None
+        reply, fds = self._replies.pop(self._next_id)
+        if reply["op"] != "spawned" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            self._fail(f"could not fork a worker: {reply.get('error', reply)}")
+            return None
+        return PreloadedProcess(self, int(reply["pid"]), fds[0], list(args))
+
+    def exit_status(self, pid: int, timeout: float) -> int | None:
+        """The raw wait status of worker ``pid`` once the template reaped it (``None`` on
+        timeout; a lost template reports every worker as killed)."""
+        deadline = time.monotonic() + timeout
+        while pid not in self._exits:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                self._pump(min(left, 1.0))
+            except _Dead as e:
+                self._fail(str(e))
+                # nobody can say how it ended: report it as killed, the one answer that
+                # makes torch count it as a failure
+                return _SIGKILL_STATUS
+        return self._exits[pid]
+
+    def _pump(self, timeout: float) -> None:
+        """Read what the template sent within ``timeout`` (replies, exits, readiness)."""
+        sock = self._sock
+        if sock is None:
+            raise _Dead(self.failed or "the template is closed")
+        with self._lock:
+            ready, _, _ = select.select([sock], [], [], max(timeout, 0.0))
+            while ready:
+                try:
+                    data, fds = _recv(sock, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    break
+                except OSError as e:
+                    raise _Dead(f"the template's control socket failed: {e}") from e
+                if not data:
+                    code = self.proc.poll() if self.proc is not None else None
+                    raise _Dead(f"the template exited (status {code})")
+                self._receive(json.loads(data), fds)
+
+    def _receive(self, msg: dict[str, Any], fds: list[int]) -> None:
+        op = msg.get("op")
+        if op == "exit":
+            self._exits[int(msg["pid"])] = int(msg["status"])
+        elif op == "ready":
+            self.ready = True
+            logger.info("--preload %s: imported in %.2f s (template pid %s)",
+                        ",".join(self.modules), time.monotonic() - self._started,
+                        self.proc.pid if self.proc else "?")
+        elif op == "failed":
+            self.failed = str(msg.get("error"))
+            logger.warning("--preload %s: %s; workers start cold", ",".join(self.modules),
+                           self.failed)
+        elif "id" in msg:
+            self._replies[int(msg["id"])] = (msg, fds)
+            return
+        for fd in fds:
+            os.close(fd)
+
+    def close(self) -> None:
+        """End the template (its workers are not touched: torch stops them)."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()  # the template exits on end-of-file
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for _reply, fds in self._replies.values():
+            for fd in fds:
+                os.close(fd)
+        self._replies.clear()
+
+
+_SIGKILL_STATUS = signal.SIGKILL  # a wait status "killed by SIGKILL"
+
+
+class PreloadedProcess:
+    """A worker forked by the template, as torch's ``SubprocessContext`` uses a ``Popen``."""
+
+    stdin = stdout = stderr = None
+
+    def __init__(self, template: Template, pid: int, pidfd: int, args: list[str]) -> None:
+        self._template = template
+        self.pid = pid
+        self.args = args
+        self.returncode: int | None = None
+        self._pidfd: int | None = pidfd
+
+    def _settle(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` for the process to end; take its status when it has."""
+        if self.returncode is not None:
+            return True
+        pidfd = self._pidfd
+        if pidfd is None:
+            return True
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+        if not ready:
+            return False
+        status = self._template.exit_status(self.pid, STATUS_TIMEOUT)
+        if status is None:  # ended, but the template has not reaped it yet
+            return False
+        self.returncode = os.waitstatus_to_exitcode(status)
+        os.close(pidfd)
+        self._pidfd = None
+        return True
+
+    def poll(self) -> int | None:
+        self._settle(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._settle(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None and self._pidfd is not None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self._pidfd, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __del__(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+
+    def __repr__(self) -> str:
+        return f"<PreloadedProcess pid={self.pid} returncode={self.returncode}>"
+
+
+def _recv(sock: socket.socket, flags: int = 0) -> tuple[bytes, list[int]]:
+    """One message and its descriptors (``socket.recv_fds`` before Python 3.12 drops
+    ``flags``, so it cannot be non-blocking)."""
+    size = socket.CMSG_LEN(4 * array.array("i").itemsize)
+    data, ancdata, _flags, _addr = sock.recvmsg(_MAX_MESSAGE, size, flags)
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds)
+
+
+def _parse_command(entrypoint: Any, args: list[str]) -> tuple[tuple[str, ...],
+                                                              tuple[str, ...], list[str]] | None:
+    """(interpreter flags, main, sys.argv) of ``python [-u] SCRIPT|-m MODULE ARGS``, or None."""
+    if not isinstance(entrypoint, str) or "python" not in os.path.basename(entrypoint):
+        return None
+    flags: list[str] = []
+    rest = list(args)
+    while rest and rest[0] == "-u":
+        flags.append(rest.pop(0))
+    if not rest:
+        return None
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            return None
+        return tuple(flags), ("-m", rest[1]), ["-m", *rest[2:]]
+    if rest[0].startswith("-"):
+        return None  # an option we do not reproduce
+    return tuple(flags), (rest[0],), rest
+
+
+class _Handlers:
+    """``get_subprocess_handler`` for one ``_start_workers``: torch's handler, whose ``_popen``
+    forks from the template when the command fits."""
+
+    def __init__(self, template: Template) -> None:
+        from torch.distributed.elastic.multiprocessing.subprocess_handler import (
+            SubprocessHandler,
+        )
+
+        outer = self
+
+        class PreloadedHandler(SubprocessHandler):  # type: ignore[misc]
+            def _popen(self, args: tuple[str, ...], env: dict[str, str]) -> Any:
+                proc = outer.spawn(args, env, self._stdout, self._stderr)
+                return proc if proc is not None else super()._popen(args, env)
+
+        self._cls = PreloadedHandler
+        self._template = template
+        self._said_cold = False
+
+    def spawn(self, args: tuple[str, ...], env: dict[str, str], stdout: Any,
+              stderr: Any) -> PreloadedProcess | None:
+        template = self._template
+        if template.failed is not None:
+            return None
+        if not template.fits(list(args)):
+            if not self._said_cold:
+                self._said_cold = True
+                logger.warning("--preload: worker command %s is not the template's; it starts "
+                               "cold", " ".join(args[:3]))
+            return None
+        return template.spawn(list(args), env, 0,
+                              stdout.fileno() if stdout is not None else 1,
+                              stderr.fileno() if stderr is not None else 2)
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self._cls(**kwargs)
+
+
+@contextlib.contextmanager
+def serving(template: Template | None) -> Iterator[None]:
+    """Within this block, torch's ``SubprocessContext`` forks script workers from ``template``."""
+    if template is None or template.failed is not None:
+        yield
+        return
+    from torch.distributed.elastic.multiprocessing import api
+
+    original = getattr(api, "get_subprocess_handler", None)
+    if not callable(original):  # a torch that starts its workers another way
+        logger.warning("--preload: this torch has no get_subprocess_handler; workers start cold")
+        yield
+        return
+    api.get_subprocess_handler = _Handlers(template)
+    try:
+        yield
+    finally:
+        api.get_subprocess_handler = original
+
+
+
+
+class WarmStartMixin:
+    """For ``LocalElasticAgent`` subclasses (before it among the bases): ``preload=[modules]``
+    starts a template when the agent runs and forks script workers from it (module docstring).
+
+    Empty ``preload`` (the default) changes nothing.
+    """
+
+    _worker_group: Any
+    _fsm_template: Template | None = None
+
+    def __init__(self, *args: Any, preload: Sequence[str] = (), **kwargs: Any) -> None:
+        self._fsm_preload: list[str] = check_module_names(preload)
+        super().__init__(*args, **kwargs)
+
+    @property
+    def template(self) -> Template | None:
+        """The template of the current ``run()`` (``None`` without ``preload``)."""
+        return self._fsm_template
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        template = None
+        if self._fsm_preload:
+            spec = self._worker_group.spec
+            # started first: it imports while the agent joins the rendezvous
+            template = Template.for_command(self._fsm_preload, spec.entrypoint, spec.args)
+            if template is not None:
+                template.start()
+        self._fsm_template = template
+        try:
+            return super().run(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._fsm_template = None
+            if template is not None:
+                template.close()
+
+    def _start_workers(self, worker_group: Any) -> Any:
+        with serving(self._fsm_template):
+            return super()._start_workers(worker_group)  # type: ignore[misc]

@@ -1,0 +1,280 @@
+"""The template process of warm starts (``fsm_agent.torch._preload``): imports, then forks workers.
+
+Run by the agent as ``python [-u] -c CODE THIS_FILE SETUP``, loaded from its file under a private
+module name (never as ``fsm_agent.torch._template``: that would import the package, and torch,
+into every worker). Standard library only (modules that torch imports anyway), since every
+worker inherits what this process imported.
+
+Protocol (``SOCK_SEQPACKET``, one JSON object per message, descriptors alongside):
+
+- template to agent: ``{"op": "ready"}`` or ``{"op": "failed", "error": ...}`` once, after the
+  imports; ``{"op": "spawned", "id", "pid"}`` with the child's pidfd, or ``{"op": "error", "id",
+  "error"}``, per request; ``{"op": "exit", "pid", "status"}`` (a raw wait status) whenever it
+  reaps a child;
+- agent to template: ``{"op": "spawn", "id", "argv", "env", "cwd"}`` with the child's stdin,
+  stdout and stderr. End of file: the template exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+_MAX_MESSAGE = 1 << 20
+_DEVICES = ("/dev/nvidia", "/dev/dri", "/dev/kfd", "/dev/accel")
+
+_captured: tuple[bytes, bytes] = (b"", b"")  # what the imports wrote to stdout and stderr
+# descriptors the imported modules opened: a worker keeps them
+_own_fds: frozenset[int] = frozenset()
+
+
+class _Become(BaseException):
+    """Raised in a freshly forked child to leave the template's loop and become a worker."""
+
+    def __init__(self, request: dict[str, Any], fds: list[int]) -> None:
+        super().__init__()
+        self.request, self.fds = request, fds
+
+
+def main(setup_json: str) -> None:
+    """The template: import, report, then fork workers on request until the agent closes the
+    control socket. A forked child leaves the loop through ``_Become`` and runs the worker from
+    here, so that the worker's own exceptions and exit reach the interpreter as in a cold start.
+    """
+    setup = json.loads(setup_json)
+    sock = socket.socket(fileno=setup["fd"])
+    try:
+        _serve(sock, setup)
+    except _Become as child:
+        request, fds = child.request, child.fds
+    else:
+        sys.exit(0)
+    # Outside the handler: the worker's own exceptions must not carry _Become as their context.
+    _become_worker(request, fds, setup["main"], sock)
+    # The worker's __main__ ran to its end: the interpreter exits as for a script.
+
+
+def _send(sock: socket.socket, msg: dict[str, Any], fds: Sequence[int] = ()) -> None:
+    socket.send_fds(sock, [json.dumps(msg).encode()], list(fds))
+
+
+def _open_fds() -> set[int]:
+    # the listing's own descriptor is in the list and closed again afterwards
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
+
+
+def _preload(setup: dict[str, Any]) -> str | None:
+    """Import the modules, capturing what they print; why they cannot serve, or ``None``."""
+    global _captured, _own_fds  # noqa: PLW0603 - the fork hands them to every worker
+    import importlib
+    import tempfile
+
+    # sys.path[0] as the workers will have it, so that a module beside the script imports
+    main = setup["main"]
+    sys.path[0] = os.getcwd() if main[0] == "-m" else os.path.dirname(os.path.realpath(main[0]))
+    before = _open_fds()
+    files = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]  # noqa: SIM115 - closed below
+    saved = [os.dup(1), os.dup(2)]
+    for target, f, stream in zip((1, 2), files, (sys.stdout, sys.stderr), strict=True):
+        stream.flush()
+        os.dup2(f.fileno(), target)
+    error: str | None = None
+    try:
+        for name in setup["modules"]:
+            try:
+                importlib.import_module(name)
+            except BaseException as e:  # any failure, SystemExit included, means: no preload
+                error = f"cannot import {name} ({type(e).__name__}: {e})"
+                break
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, fd in zip((1, 2), saved, strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+    out: list[bytes] = []
+    for f in files:
+        f.seek(0)
+        out.append(f.read())
+        f.close()
+    _captured = (out[0], out[1])
+    _own_fds = frozenset(_open_fds() - before)
+    return error or _unforkable()
+
+
+def _unforkable() -> str | None:
+    """Why a fork of this process would not make a usable worker, or ``None``."""
+    threading = sys.modules.get("threading")
+    if threading is not None and threading.active_count() > 1:
+        names = ", ".join(t.name for t in threading.enumerate()
+                          if t is not threading.main_thread())
+        return f"the modules started Python threads ({names}), which a fork does not copy"
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        for kind in ("cuda", "xpu"):
+            initialised = getattr(getattr(torch, kind, None), "is_initialized", None)
+            try:
+                if callable(initialised) and initialised():
+                    return (f"the modules initialised {kind.upper()}, which a forked child "
+                            f"cannot use")
+            except Exception:  # a backend that cannot even say: not ours to judge
+                continue
+    for fd in _open_fds():
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(_DEVICES):
+            return f"the modules opened the device {target}, which a forked child cannot use"
+    return None
+
+
+def _serve(sock: socket.socket, setup: dict[str, Any]) -> None:
+    # Signals for the agent are not for the template (it also has a session of its own); the
+    # exits of its children come through SIGCHLD and the wake-up pipe.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    error = _preload(setup)
+    if error is not None:
+        _send(sock, {"op": "failed", "error": error})
+        return
+    _send(sock, {"op": "ready"})
+    while True:
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 4096)
+            _reap(sock)
+        if sock.fileno() in ready:
+            try:
+                data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, 3)
+            except OSError:
+                return
+            if not data:
+                return  # the agent closed its end
+            _handle(sock, json.loads(data), fds)
+
+
+def _reap(sock: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(sock, {"op": "exit", "pid": pid, "status": status})
+
+
+def _handle(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+    if request.get("op") != "spawn" or len(fds) != 3:
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"op": "error", "id": request.get("id"), "error": "bad request"})
+        return
+    try:
+        pid = os.fork()
+    except OSError as e:
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"op": "error", "id": request["id"], "error": f"fork: {e}"})
+        return
+    if pid == 0:
+        raise _Become(request, fds)
+    for fd in fds:
+        os.close(fd)
+    # Opened before the child can be reaped (only this loop reaps), so it names the child itself.
+    pidfd = os.pidfd_open(pid)
+    try:
+        _send(sock, {"op": "spawned", "id": request["id"], "pid": pid}, [pidfd])
+    finally:
+        os.close(pidfd)
+
+
+def _become_worker(request: dict[str, Any], fds: list[int], main: list[str],
+                   sock: socket.socket) -> None:
+    """In the forked child: undo the template, take the worker's descriptors, environment and
+    command line, and run its ``__main__``, as ``Popen`` and ``python [-u] SCRIPT`` would."""
+    os.setsid()  # Popen(start_new_session=True)
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for target, fd in zip((0, 1, 2), fds, strict=True):
+        os.dup2(fd, target)
+    sock.detach()
+    for fd in _open_fds() - {0, 1, 2} - _own_fds:  # Popen(close_fds=True)
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _reseed()
+    for fd, data in zip((1, 2), _captured, strict=True):  # a cold worker prints it at import
+        if data:
+            with contextlib.suppress(OSError):
+                os.write(fd, data)
+    if not getattr(sys.stdout, "write_through", False):  # without -u: a tty is line-buffered
+        with contextlib.suppress(AttributeError, ValueError):
+            sys.stdout.reconfigure(line_buffering=os.isatty(1))  # type: ignore[union-attr]
+    sys.excepthook = _trimmed_excepthook
+    argv = request["argv"]
+    if main[0] == "-m":
+        import runpy
+
+        sys.argv = list(argv)
+        sys.path[0] = os.getcwd()
+        runpy._run_module_as_main(main[1])  # type: ignore[attr-defined]  # what -m does
+        return
+    _run_script(argv)
+
+
+def _reseed() -> None:
+    # random reseeds itself at fork (os.register_at_fork); these draw their seed at import
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        with contextlib.suppress(Exception):
+            np_random.seed()
+    generator = getattr(sys.modules.get("torch"), "default_generator", None)
+    if generator is not None:
+        with contextlib.suppress(Exception):
+            generator.seed()
+
+
+def _run_script(argv: list[str]) -> None:
+    import builtins
+    from importlib.machinery import SourceFileLoader
+
+    script = argv[0]
+    path = os.path.abspath(script)
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    with open(path, "rb") as f:
+        source = f.read()
+    code = compile(source, path, "exec", dont_inherit=True)
+    namespace = sys.modules["__main__"].__dict__
+    namespace.clear()
+    namespace.update(__name__="__main__", __doc__=None, __package__=None,
+                     __loader__=SourceFileLoader("__main__", path), __spec__=None,
+                     __annotations__={}, __builtins__=builtins, __file__=path, __cached__=None)
+    exec(code, namespace)
+
+
+def _trimmed_excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+    """The default hook, without the template's own frames at the top of the traceback."""
+    ours = {__file__, "<string>"}
+    while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    # the default hook prints the exception's own traceback, not only the one it is given
+    sys.__excepthook__(kind, value.with_traceback(tb), tb)

@@ -1,0 +1,179 @@
+"""Warm starts (``fsm-agent run --preload``) against cold starts, with real jobs.
+
+The same job runs cold and with ``--preload``; what its workers record about how they were
+started (environment, arguments, working directory, ``sys.path[0]``, ``__main__``, session and
+process group, signal dispositions and mask, open descriptors, stdio, umask), the files torch
+writes for them (redirected stdout/stderr, error files), what ``--tee`` with
+``--local-ranks-filter`` shows, and how their failures are reported (exit codes, tracebacks, the
+root-cause summary, a peer stopped by SIGTERM) must be the same. Only what a fork cannot share is
+allowed to differ, and is checked for what it must be instead: the parent (the template, not the
+agent) and the random seeds (fresh per worker in both).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from fsm_torch_helpers import FAST, Job, Jobs
+
+SCRIPTS = Path(__file__).parent / "scripts"
+WORKER = SCRIPTS / "preload_worker.py"
+# Different for every job by nature (ports, ids, times, pids, the job's own directory).
+VOLATILE_ENV = ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
+
+
+def _job(jobs: Jobs, name: str, env: dict[str, str], *extra: str) -> Job:
+    workdir = jobs.tmp_path / name
+    args = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--spec", "torchrun",
+            *FAST, "--redirects", "3", "--tee", "3", "--local-ranks-filter", "0",
+            "--log-dir", str(workdir / "logs"), *extra]
+    return jobs.start(args, WORKER, env=env, name=name)
+
+
+def _normalize(text: str, job: Job) -> str:
+    text = text.replace(str(job.workdir), "<WD>")
+    text = re.sub(r"/logs/[^/\s\"']+/attempt_", "/logs/<RUN>/attempt_", text)
+    text = re.sub(r"(pid|PID)([:= ]+)\d+", r"\1\2<PID>", text)
+    text = re.sub(r"\d{4}-\d\d-\d\d[_ T]\d\d:\d\d:\d\d(\.\d+)?", "<TIME>", text)
+    text = re.sub(r'"timestamp": "\d+"', '"timestamp": "<T>"', text)
+    return text
+
+
+def _records(job: Job) -> dict[str, dict[str, object]]:
+    out = {}
+    for path in sorted(job.out_dir.glob("attempt*_rank*.json")):
+        rec = json.loads(_normalize(path.read_text(), job))
+        for key in VOLATILE_ENV:
+            rec["env"].pop(key, None)  # type: ignore[attr-defined]
+        out[path.stem] = rec
+    return out
+
+
+def _files(job: Job) -> dict[str, str]:
+    logs = job.workdir / "logs"
+    return {
+        re.sub(r"^[^/]+/", "<RUN>/", str(p.relative_to(logs))): _normalize(p.read_text(), job)
+        for p in sorted(logs.rglob("*")) if p.is_file()
+    }
+
+
+def _tee(job: Job) -> list[str]:
+    # stdout and stderr are tailed by two threads: their lines interleave as they come
+    return sorted(_normalize(line, job) for line in job.output.splitlines()
+                  if line.startswith("[default"))
+
+
+def _summary(job: Job) -> str:
+    """torch's failure summary (ChildFailedError's block between two rules of '=')."""
+    lines = job.output.splitlines()
+    root = next(i for i, line in enumerate(lines) if line.startswith("Root Cause"))
+    rules = [i for i, line in enumerate(lines) if line.startswith("=====")]
+    start = max(i for i in rules if i < root)
+    end = min(i for i in rules if i > root)
+    block = _normalize("\n".join(lines[start : end + 1]), job)
+    return re.sub(r"host\s*:\s*\S+", "host: <HOST>", block)
+
+
+@pytest.mark.timeout(180)
+def test_a_preloaded_torch_restart_is_a_cold_start_to_the_worker(jobs: Jobs) -> None:
+    # Attempt 0: rank 1 dies of an uncaught exception (traceback, exit 1), the job restarts.
+    # Attempt 1: rank 1 fails under @record (error file); the job gives up, rank 0 is stopped.
+    env = {"IMPORT": "torch", "SCRIPT_MODE": "raise,record", "SLEEP": "60"}
+    cold = _job(jobs, "cold", env)
+    assert cold.wait(120) == 1, cold.output[-3000:]
+    warm = _job(jobs, "warm", env, "--preload", "torch")
+    assert warm.wait(120) == 1, warm.output[-3000:]
+
+    assert "--preload torch: imported in" in warm.output  # the template served the workers
+    assert "--preload" not in cold.output
+    cold_recs, warm_recs = _records(cold), _records(warm)
+    assert sorted(cold_recs) == sorted(warm_recs) == [
+        "attempt0_rank0", "attempt0_rank1", "attempt1_rank0", "attempt1_rank1"]
+    for recs in (cold_recs, warm_recs):  # each process drew its own seeds
+        for key in ("random", "torch_seed"):
+            values = [rec.pop(key) for rec in recs.values()]
+            assert len(set(values)) == len(values), (key, values)
+    assert warm_recs == cold_recs
+
+    assert _files(warm) == _files(cold)
+    assert any("uncaught failure in attempt 0" in text and "Traceback" in text
+               for text in _files(cold).values())
+    assert any(name.endswith("error.json") and "recorded failure" in text
+               for name, text in _files(cold).items())
+    assert _tee(warm) == _tee(cold) and _tee(cold)
+    assert _summary(warm) == _summary(cold)
+    assert "SIGTERM" in _summary(cold) and "recorded failure" in _summary(cold)
+
+
+def test_preload_flag_names_bad_modules(jobs: Jobs) -> None:
+    job = jobs.start(["--standalone", "--preload", "torch,not-a-module"], WORKER)
+    assert job.wait(60) == 2
+    assert "--preload: 'not-a-module' is not a module name" in job.output
+
+
+@pytest.mark.timeout(60)
+def test_a_module_that_cannot_be_preloaded_is_one_line_then_a_cold_start(jobs: Jobs) -> None:
+    job = _job(jobs, "missing", {"SCRIPT_MODE": "ok"}, "--preload", "json,no_such_module_fsm")
+    assert job.wait(60) == 0, job.output[-3000:]
+    lines = [line for line in job.output.splitlines()
+             if "--preload" in line and not line.startswith("I ")]  # LOGLEVEL=INFO here
+    assert len(lines) == 1, lines
+    assert "cannot import no_such_module_fsm (ModuleNotFoundError" in lines[0]
+    assert lines[0].endswith("workers start cold")
+    assert len(job.records()) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_module_that_starts_a_thread_is_refused(jobs: Jobs, tmp_path: Path) -> None:
+    (tmp_path / "threaded_mod.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(30,), name='busy', daemon=True).start()\n")
+    job = jobs.start(["--standalone", "--nproc-per-node", "1", *FAST, "--preload",
+                      "threaded_mod"], WORKER, env={"PYTHONPATH": str(tmp_path)})
+    assert job.wait(60) == 0, job.output[-3000:]
+    assert "--preload threaded_mod: the modules started Python threads (busy)" in job.output
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_is_not_a_python_script_starts_cold(jobs: Jobs) -> None:
+    job = jobs.start(["--standalone", "--nproc-per-node", "1", *FAST, "--no-python",
+                      "--preload", "json"], "sh", ["-c", "echo started"])
+    assert job.wait(60) == 0, job.output[-3000:]
+    assert "--preload json: the workers are not started as a Python script" in job.output
+    assert "started" in job.output
+
+
+@pytest.mark.timeout(90)
+def test_a_module_worker_matches_its_cold_start(jobs: Jobs) -> None:
+    """``-m MODULE`` workers (no torch import: quick): same records and files, warm or cold."""
+    env = {"SCRIPT_MODE": "exit:7,ok", "PYTHONPATH": str(SCRIPTS)}
+    runs = {}
+    for name, extra in (("cold", ()), ("warm", ("--preload", "json,email.message"))):
+        workdir = jobs.tmp_path / name
+        job = jobs.start(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                          *FAST, "--redirects", "3", "--log-dir", str(workdir / "logs"),
+                          *extra, "-m"], "preload_worker", env=env, name=name)
+        assert job.wait(60) == 0, job.output[-3000:]
+        recs = _records(job)
+        for rec in recs.values():
+            del rec["random"], rec["torch_seed"]
+        runs[name] = (recs, _files(job), job)
+    assert "--preload json,email.message: imported in" in runs["warm"][2].output
+    assert runs["warm"][0] == runs["cold"][0]
+    assert runs["warm"][1] == runs["cold"][1]
+    assert runs["cold"][0]["attempt0_rank0"]["argv"][0].endswith("preload_worker.py")
+
+
+@pytest.mark.timeout(60)
+def test_a_signal_to_the_agent_stops_forked_workers_and_the_template(jobs: Jobs) -> None:
+    job = jobs.start(["--standalone", "--nproc-per-node", "2", *FAST, "--preload", "json"],
+                     WORKER, env={"SLEEP": "60", "SCRIPT_MODE": "ok"})
+    job.wait_for("attempt0_rank*.json", 2, 40)
+    assert "--preload json: imported in" in job.output
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.wait(30) == 128 + signal.SIGTERM, job.output[-3000:]
+    # the jobs fixture fails the test if a worker or the template outlived the agent
