@@ -43,6 +43,7 @@ import json, os, sys, time
 g = int(os.environ["GROUP_RANK"])
 out = os.environ["OUT_DIR"]
 open(os.path.join(out, f"start{g}"), "w").write(str(time.time()))
+open(os.path.join(out, f"pid{g}"), "w").write(str(os.getpid()))
 n = int(os.environ["NODES"])
 if g == n - 1:
     while len([f for f in os.listdir(out) if f.startswith("start")]) < n:
@@ -115,11 +116,23 @@ def one_job(launcher: str, nodes: int, limit: float, work: Path) -> dict[str, An
             "all_ended": len(ended) == nodes,
         }
     finally:
+        # torch's agents stop their workers on SIGTERM; workers live in sessions of their own,
+        # so a SIGKILLed agent would leave them running: they are killed by pid too.
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGTERM)
+        stop_by = time.monotonic() + 15
+        for p in procs:
+            try:
+                p.wait(max(0.1, stop_by - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        for f in out.glob("pid*"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(f.read_text()), signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
