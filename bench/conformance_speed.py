@@ -43,7 +43,8 @@ TARGET_S = 10.0
 def _time_failure(kit_settings: Any, seed: int, stateful: bool = False) -> tuple[float, str]:
     t0 = time.perf_counter()
     try:
-        run_conformance(OffByOneMaxRestarts, settings=kit_settings, seed=seed, stateful=stateful)
+        run_conformance(OffByOneMaxRestarts, spec="torchrun", settings=kit_settings, seed=seed,
+                        stateful=stateful)
     except ConformanceFailure as e:
         return time.perf_counter() - t0, str(e)
     raise SystemExit(f"seed {seed}: the kit did not find the off-by-one mutant")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
           f"load {os.getloadavg()[0]:.1f}")
 
     t0 = time.perf_counter()
-    run_conformance(TorchLoop, settings=settings(base, max_examples=200), seed=0)
+    run_conformance(TorchLoop, spec="torchrun", settings=settings(base, max_examples=200), seed=0)
     per_example = (time.perf_counter() - t0) / 200
     print(f"  baseline: {per_example * 1e3:.2f} ms per example (200 passing examples)")
 
