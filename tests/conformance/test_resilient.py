@@ -21,8 +21,9 @@ from fsm_agent.testing._conformance import (
     default_settings,
     run_conformance,
     run_script,
+    trace_invariants,
 )
-from fsm_agent.testing._reference import Raised, Returned, reference_trace
+from fsm_agent.testing._reference import Pending, Raised, Returned, Trace, reference_trace
 from fsm_agent.testing._strategies import RunConfig, Tick
 from fsm_agent.torch import LifecycleAgentMixin
 
@@ -233,3 +234,28 @@ def test_jitter_stays_within_its_fraction_for_every_draw() -> None:
         trace = check_script(Lifecycle, config, [Tick("FAILED", draw=draw)], spec="resilient")
         wait = next(e[1] for e in trace.events if e[0] == "sleep" and e[1] != 0.1)
         assert 1.0 <= wait < 3.0 and math.isclose(wait, 2.0 * (1 + (draw * 2 - 1) * 0.5))
+
+
+def test_invariants_of_a_timed_run() -> None:
+    config = RunConfig(max_restarts=2, monitor_interval=0.5)
+    start = (("rendezvous",), ("start_workers",))
+    tick = (("sleep", 0.5), ("monitor",))
+    # a backoff may wait between the stop and the restart: no invariant broken
+    backoff = (*start, *tick, ("stop_workers",), ("sleep", 1.0), ("rendezvous",),
+               ("start_workers",), *tick)
+    assert trace_invariants(Trace(backoff, Pending()), config) == []
+    # looking at the workers while they are stopped (monitoring during the backoff)
+    peeking = (*start, *tick, ("stop_workers",), ("sleep", 0.5), ("monitor",))
+    assert trace_invariants(Trace(peeking, Pending()), config) == [
+        "call 7: monitor() while the workers are stopped"]
+    # a restart whose stop is not the last thing before it
+    unstopped = (*start, *tick, ("stop_workers",), ("num_nodes_waiting",), ("rendezvous",),
+                 ("start_workers",))
+    assert trace_invariants(Trace(unstopped, Pending()), config) == [
+        "call 7: restart without stop_workers() first"]
+    # the remaining_restarts metric may come back up only when a window gives restarts back
+    metrics = (*start, *tick, ("put_metric", "workers.default.remaining_restarts", 1), *tick,
+               ("put_metric", "workers.default.remaining_restarts", 2))
+    assert trace_invariants(Trace(metrics, Pending()), config, windowed=True) == []
+    assert trace_invariants(Trace(metrics, Pending()), config) == [
+        "remaining_restarts went up: [1, 2]"]
