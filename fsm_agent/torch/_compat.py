@@ -63,6 +63,8 @@ FEATURES: dict[str, str] = {
                      "watchdog handles them",
     "reaper": "stopping the processes a worker started in its own session; without it they may "
               "outlive the workers, as under torch",
+    "preload": "--preload: script workers forked from a template that imported their modules; "
+               "without it they start cold, as under torch",
 }
 
 
@@ -173,6 +175,15 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("hang_watchdog", "attr", f"{_LOCAL}:LocalElasticAgent", "_setup_local_watchdog",
              "_log_watchdog_event"),
     *_points("hang_watchdog", "init", f"{_LOCAL}:LocalElasticAgent", "_worker_watchdog"),
+    # _preload.py: SubprocessContext._start looks the handler factory up in its module; the
+    # handler is torch's, with _popen overridden, and hands its redirect files to the fork
+    *_points("preload", "attr", _MP, "get_subprocess_handler"),
+    *_points("preload", "attr",
+             "torch.distributed.elastic.multiprocessing.subprocess_handler:SubprocessHandler",
+             "_popen"),
+    *_points("preload", "init",
+             "torch.distributed.elastic.multiprocessing.subprocess_handler:SubprocessHandler",
+             "_stdout", "_stderr", "proc"),
     # _reaper.py
     *_points("reaper", "init", f"{_MP}:SubprocessContext", "subprocess_handlers"),
     *_points("reaper", "init",

@@ -43,12 +43,13 @@ device (``torch.cuda.is_initialized()``, an open ``/dev/nvidia*``, ``/dev/dri``,
 template's interpreter with ``-u``/``-m`` (``--no-python``, ``--run-path``, a NUMA binding
 wrapper) start cold. Linux only (``pidfd``, ``SOCK_SEQPACKET``).
 
-torch touch points (for ``fsm_agent/torch/_compat.py``): ``SubprocessContext._start`` looks up
-``get_subprocess_handler`` in ``torch.distributed.elastic.multiprocessing.api``'s globals, which
-:func:`serving` swaps for the duration of one ``_start_workers``; the handler is torch's
-``SubprocessHandler`` with ``_popen`` overridden, and the process object it returns provides what
-``SubprocessContext`` and ``SubprocessHandler.close`` use of a ``Popen`` (``pid``, ``poll``,
-``wait``, ``returncode``, ``send_signal``).
+torch touch points (feature ``preload`` of ``fsm_agent/torch/_compat.py``):
+``SubprocessContext._start`` looks up ``get_subprocess_handler`` in
+``torch.distributed.elastic.multiprocessing.api``'s globals, which :func:`serving` swaps for the
+duration of one ``_start_workers``; the handler is torch's ``SubprocessHandler`` with ``_popen``
+overridden, and the process object it returns provides what ``SubprocessContext`` and
+``SubprocessHandler.close`` use of a ``Popen`` (``pid``, ``poll``, ``wait``, ``returncode``,
+``send_signal``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
+
+from fsm_agent.torch import _compat
 
 __all__ = ["PreloadedProcess", "Template", "WarmStartMixin", "check_module_names", "serving"]
 
@@ -475,7 +478,10 @@ class WarmStartMixin:
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         template = None
-        if self._fsm_preload:
+        if self._fsm_preload and not _compat.enabled("preload"):
+            logger.warning("--preload %s: not with this torch (see above); workers start cold",
+                           ",".join(self._fsm_preload))
+        elif self._fsm_preload:
             spec = self._worker_group.spec
             # started first: it imports while the agent joins the rendezvous
             template = Template.for_command(self._fsm_preload, spec.entrypoint, spec.args)

@@ -162,7 +162,7 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
         monkeypatch.setattr(_wakeup.WorkerExitWaker, "__init__", waker_init)
 
     with caplog.at_level(logging.INFO, logger="fsm_agent"):
-        result, agent = _run_job()
+        result, agent = _run_job(**({"preload": ["json"]} if feature == "preload" else {}))
     assert result.state == WorkerState.SUCCEEDED, result
     assert agent.lifecycle is not None and agent.lifecycle.restart_count == 1
     lines = _off_lines(caplog)
@@ -191,6 +191,9 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
         assert used["watchdog"] == "FileTimerServer"  # torch's own
     elif feature == "reaper":
         assert agent._worker_process_groups() == []
+    elif feature == "preload":  # no template was started: the workers start cold
+        assert any("--preload json: not with this torch" in r.getMessage()
+                   for r in caplog.records)
     else:  # pragma: no cover - a new feature needs its check here
         pytest.fail(f"no check for feature {feature!r}")
 
