@@ -69,7 +69,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fsm_agent.torch import _compat
+from fsm_agent.torch._compat import enabled
 
 __all__ = ["PreloadedProcess", "Template", "WarmStartMixin", "check_module_names", "serving"]
 
@@ -478,7 +478,7 @@ class WarmStartMixin:
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         template = None
-        if self._fsm_preload and not _compat.enabled("preload"):
+        if self._fsm_preload and not enabled("preload"):
             logger.warning("--preload %s: not with this torch (see above); workers start cold",
                            ",".join(self._fsm_preload))
         elif self._fsm_preload:
