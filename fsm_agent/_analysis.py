@@ -341,7 +341,7 @@ def _cause(trigger: str, failures: Sequence[FailureInfo]) -> str:
         return "hang"
     if not failures:
         return "unhealthy" if trigger == "unhealthy" else "failure"
-    first = min(failures, key=lambda f: (_num(f.timestamp, math.inf), f.rank))
+    first = min(failures, key=lambda f: (*_blame(f), f.rank))
     exc = first.exception.split(":", 1)[0] if first.exception else None
     return first.how + (f" ({exc})" if exc else "")
 
@@ -443,6 +443,17 @@ def _outcome(lanes: Sequence[Lane]) -> str:
     return "RUNNING" if finals else "EMPTY"
 
 
+def _blame(f: FailureInfo) -> tuple[bool, float, bool]:
+    """Which failure is to blame first: the earliest, but never a rank torch stopped itself.
+
+    When one rank fails, torch SIGTERMs the others and lists them as failures too, and a
+    failure without an error file is stamped with ``int(time.time())``: truncated to the second,
+    a stopped rank often looks earlier than the one that crashed (or ties with it). So a SIGTERM
+    comes after any other failure, and at equal times one with an error file comes first.
+    """
+    return (f.exitcode == -signal.SIGTERM, _num(f.timestamp, math.inf), f.error_file is None)
+
+
 def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = None
             ) -> JobAnalysis:
     """Merge the lifecycles in ``traces`` (one lane per agent: node and pid) into one analysis.
@@ -509,8 +520,7 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
     if pool:
         candidates = [(f, x) for x in pool for f in x.failures]
         if candidates:
-            f, x = min(candidates, key=lambda fx: (_num(fx[0].timestamp, math.inf),
-                                                   fx[1].start, fx[0].rank))
+            f, x = min(candidates, key=lambda fx: (*_blame(fx[0]), fx[1].start, fx[0].rank))
             root, root_incident = f, x
     lost: dict[str, tuple[float, int]] = {}
     for x in incidents:

@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+import attrs
+
 from .._analysis import RunRecorder, format_text
 from .._errors import SpecError
 from .._health import LeftJob
@@ -263,13 +265,24 @@ def _check_health_budget(spec: Any, config: Any, params: dict[str, Any] | None) 
                          "raise --rdzv-conf join_timeout")
 
 
-def _print_summary(recorder: RunRecorder | None, spec: Any) -> None:
+def _print_summary(recorder: RunRecorder | None, spec: Any,
+                   job_failed: JobFailed | None = None) -> None:
     """The end-of-run summary (root cause first, the rule that gave up, restarts used, time
-    lost, where the stacks and error files are), after torch's failure block."""
+    lost, where the stacks and error files are), after torch's failure block.
+
+    ``job_failed``: the job's outcome when this agent ends with it (another agent gave up, or
+    the store is gone). This agent's own steps may have ended SUCCEEDED (its workers finished
+    and it learnt the outcome at the exit barrier) and may show no failure of their own."""
     if recorder is None:
         return
     try:
-        text = format_text(recorder.analysis(spec))
+        analysis = recorder.analysis(spec)
+        if job_failed is not None and analysis.outcome != "FAILED":
+            analysis = attrs.evolve(analysis, outcome="FAILED")
+        text = format_text(analysis)
+        if job_failed is not None and analysis.root_cause is None:
+            head, _, rest = text.partition("\n")
+            text = f"{head}\nroot cause: {job_failed}\n{rest}"
     except Exception:  # a summary must never hide the job's own error
         logger.debug("no end-of-run summary", exc_info=True)
         return
@@ -393,7 +406,7 @@ def main(argv: Sequence[str]) -> int:
         # Another agent gave up (every agent ends with the code it announced), or the
         # rendezvous store's host is gone.
         print(f"{PROG}: {e}; workers stopped", file=sys.stderr)
-        _print_summary(recorder, lifecycle_spec)
+        _print_summary(recorder, lifecycle_spec, e)
         return e.exit_code
     except SignalException as e:
         name = signal.Signals(e.sigval).name

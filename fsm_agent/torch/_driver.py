@@ -227,6 +227,7 @@ class TorchDriver:
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 
         from fsm_agent.torch._barrier import interruptible_barrier
+        from fsm_agent.torch._job import RendezvousStoreLost
 
         self.sync_counters()
         group = self.worker_group
@@ -238,9 +239,13 @@ class TorchDriver:
             raise RuntimeError("exit barrier: the worker group never completed a rendezvous")
         job = self.job
         if job is not None and job.check(force=True) is not None:
+            assert job.outcome is not None
+            if job.channel.outcome is None:
+                # Only the store is lost: a barrier error, as when torch's own barrier finds
+                # the store gone (logged, the outcome stands; fsm_agent.torch._launch).
+                raise RendezvousStoreLost(job.outcome.reason)
             # The job's outcome is known: nobody needs to wait for anybody (the agent that
             # announced released this round's barrier for those already waiting).
-            assert job.outcome is not None
             logger.warning("[%s] exit barrier: %s; not waiting for the other agents",
                            group.spec.role, job.outcome.describe())
             return

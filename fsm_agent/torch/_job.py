@@ -46,7 +46,7 @@ from fsm_agent._job import (
     Store,
 )
 
-__all__ = ["JOB_FAILED", "AgentJob", "JobFailed", "round_of", "store_of"]
+__all__ = ["JOB_FAILED", "AgentJob", "JobFailed", "RendezvousStoreLost", "round_of", "store_of"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -224,6 +224,10 @@ class AgentJob:
         except Exception:
             logger.debug("[%s] store gone while waiting for acknowledgements", self.role,
                          exc_info=True)
+
+
+class RendezvousStoreLost(RuntimeError):
+    """The rendezvous store became unreachable while this agent waited at its exit barrier."""
 
 
 class JobFailed(Exception):

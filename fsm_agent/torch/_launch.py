@@ -58,13 +58,20 @@ def _log_launch_config(config: Any, entrypoint_name: str) -> None:
 logger = logging.getLogger("fsm_agent.torch")
 
 
-def job_failure(agent: Any) -> Exception | None:
+def job_failure(agent: Any, result: Any = None) -> Exception | None:
     """``JobFailed`` when the agent ends with an outcome another agent announced (or with the
-    rendezvous store lost), None when its own outcome stands (it announced, or nobody did)."""
+    rendezvous store lost), None when its own outcome stands (it announced, or nobody did).
+
+    A store lost after this agent's workers succeeded (``result``) changes nothing: it can only
+    have been seen at the exit barrier, where torch logs it and the outcome stands. The store's
+    host leaving as a finished job ends must not fail the agents still at the barrier; an agent
+    that dies mid-run is a failure its own node reports."""
     from fsm_agent.torch._job import JobFailed
 
     job = getattr(agent, "job", None)
     if job is None or job.outcome is None or job.announced_here:
+        return None
+    if job.channel.outcome is None and result is not None and not result.is_failed():
         return None
     return JobFailed(job.outcome, store_lost=job.lost is not None)
 
@@ -182,7 +189,7 @@ def launch(
             if not isinstance(e, WorkerGroupFailureException) or not e.failures:
                 raise
             raise ChildFailedError(name=entrypoint_name, failures=e.failures) from e
-        failed = job_failure(agent)
+        failed = job_failure(agent, result)
         if failed is not None:
             raise failed
         events.record(agent.get_event_succeeded(), config.event_log_handler)

@@ -153,3 +153,47 @@ def test_a_closed_memory_store_fails_like_a_dead_tcp_store() -> None:
 def test_unreadable_announcements_still_fail_the_job() -> None:
     out = JobOutcome.decode(b"not json")
     assert out.exit_code == 1 and "unreadable" in out.reason
+
+
+class _Result:
+    def __init__(self, failed: bool) -> None:
+        self._failed = failed
+
+    def is_failed(self) -> bool:
+        return self._failed
+
+
+class _Agent:
+    def __init__(self, job: object) -> None:
+        self.job = job
+
+
+def test_a_store_lost_after_the_workers_succeeded_leaves_the_outcome_alone() -> None:
+    pytest.importorskip("torch")
+    from fsm_agent.torch._job import AgentJob, JobFailed
+    from fsm_agent.torch._launch import job_failure
+
+    store = MemoryStore()
+    job = AgentJob(JobChannel(store, "l", "n", poll_interval=0.0))
+    assert job_failure(_Agent(job), _Result(False)) is None  # nothing known
+    store.close()
+    assert job.check() is not None and job.lost is not None
+    # seen at the exit barrier after success: logged there, the success stands (as torch)
+    assert job_failure(_Agent(job), _Result(False)) is None
+    # anywhere else (failed workers, or no result: the run raised), the lost store is the outcome
+    for result in (_Result(True), None):
+        failed = job_failure(_Agent(job), result)
+        assert isinstance(failed, JobFailed) and failed.store_lost and failed.exit_code == 1
+
+
+def test_an_announced_failure_fails_even_an_agent_whose_workers_succeeded() -> None:
+    pytest.importorskip("torch")
+    from fsm_agent.torch._job import AgentJob, JobFailed
+    from fsm_agent.torch._launch import job_failure
+
+    store = MemoryStore()
+    job = AgentJob(JobChannel(store, "a", "n", poll_interval=0.0))
+    JobChannel(store, "a", "other").announce(3, "no restarts left")
+    assert job.check() is not None
+    failed = job_failure(_Agent(job), _Result(False))
+    assert isinstance(failed, JobFailed) and failed.exit_code == 3 and not failed.store_lost

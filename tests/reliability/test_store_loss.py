@@ -1,6 +1,7 @@
 """The agent hosting the rendezvous store dies (SIGKILL) while another agent waits at the exit
-barrier or in the rendezvous: the survivor leaves within its timeout with a clear message, and
-no worker of it is left.
+barrier or in the rendezvous: the survivor leaves at once with a clear message (at the barrier,
+its workers having succeeded, with success, as torch; in the rendezvous with the job's failure),
+and no worker of it is left.
 
 A SIGKILLed agent cannot stop its own workers (no handler runs; torch starts workers in their own
 sessions, so they are not in the agent's process group): the test stops the dead host's workers
@@ -28,6 +29,13 @@ def wait_listening(port: int, job: Job, timeout: float) -> None:
         assert job.poll() is None, job.output
         time.sleep(0.05)
     pytest.fail(f"nobody listens on {port}:\n{job.output[-3000:]}")
+
+
+def final_message(job: Job) -> str:
+    """The launcher's one-line verdict (the run summary follows it)."""
+    lines = [x for x in job.output.splitlines() if x.startswith("fsm-agent run: ")]
+    assert lines, job.output[-3000:]
+    return lines[-1]
 
 
 def kill_host(host: Job) -> None:
@@ -58,9 +66,12 @@ def test_survivor_at_the_exit_barrier_leaves_when_the_store_host_dies(jobs: Jobs
     took = time.monotonic() - killed
     out = survivor.output
     assert took < 15, f"{took:.1f} s after the host died (barrier timeout 60 s):\n{out[-3000:]}"
+    # Its workers had succeeded: a lost store at the barrier is logged as torch logs it, and
+    # the outcome stands (fsm_agent.torch._launch.job_failure), whichever of the barrier's wait
+    # and the job protocol's poll sees it first.
     assert "Error waiting on exit barrier" in out, out[-3000:]
-    # The workers had succeeded: a lost barrier is logged, it does not change the outcome.
     assert rc == 0, out[-3000:]
+    assert "fsm-agent run: " not in out, out[-3000:]  # no failure verdict
     assert not wait_gone([int(rec["pid"]), int(rec["child_pid"])], 5)  # type: ignore[call-overload]
 
 
@@ -82,10 +93,11 @@ def test_survivor_in_rendezvous_leaves_when_the_store_host_dies(jobs: Jobs) -> N
     rc = survivor.wait(60)
     took = time.monotonic() - killed
     out = survivor.output
-    last = out.strip().splitlines()[-1]
+    last = final_message(survivor)
     assert rc == 1, out[-3000:]
     assert took < 40, f"{took:.1f} s (join timeout 40 s)"
-    assert last.startswith("fsm-agent run: error: ActionError: "), last
-    assert "action 'rendezvous' failed during transition 'start' INIT -> HEALTHY" in last, last
-    assert "RendezvousConnectionError" in last or "store" in last.lower(), last
+    # The rendezvous' join loop polls the store (docs/job-protocol.md): the lost store is the
+    # outcome, before torch's rendezvous gives up on it.
+    assert last.startswith("fsm-agent run: the rendezvous store is unreachable"), last
+    assert "no agent can rendezvous again" in last, last
     assert not survivor.records("*_start.json")  # no worker was ever started
