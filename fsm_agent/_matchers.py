@@ -51,8 +51,15 @@ def error_type(failure: Any) -> str | None:
 
 
 def _failures(ctx: Context) -> list[Any]:
+    """The ranks that failed. When one rank fails, torch stops the others with SIGTERM and
+    lists them among the failures too (exit code -15): those are left out unless every listed
+    rank ended by SIGTERM (then something else sent it, and they are the failure)."""
     failures = getattr(ctx.observed, "failures", None)
-    return list(failures.values()) if failures else []
+    if not failures:
+        return []
+    listed = list(failures.values())
+    own = [f for f in listed if exit_code(f) != -signal.SIGTERM]
+    return own or listed
 
 
 def _matcher(values: Iterable[Any], ranks: str, key: Callable[[Any], Any]) -> Guard:

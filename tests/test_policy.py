@@ -229,6 +229,16 @@ def test_failure_matchers() -> None:
     assert not any(nothing[g] for g in ("code_all", "code_any", "not_code", "killed", "oom"))
 
 
+def test_ranks_torch_stopped_are_not_failed_ranks() -> None:
+    # rank 0 exited 3; torch stopped rank 1 with SIGTERM and lists it too (exit code -15)
+    stopped = _classify(make_result("FAILED", ranks=(0, 1), exitcode={0: 3, 1: -15}))
+    assert stopped["code_all"] and stopped["code_any"] and not stopped["two_ranks"]
+    assert not stopped["killed"]
+    # every listed rank ended by SIGTERM: something else sent it, those are the failures
+    sigterm = _classify(make_result("FAILED", ranks=(0, 1), exitcode={0: -15, 1: -15}))
+    assert not sigterm["code_any"] and sigterm["two_ranks"] and sigterm["not_code"]
+
+
 def test_time_and_history_matchers() -> None:
     clock = VirtualClock()
     first = _classify(make_result("FAILED"), clock=clock)

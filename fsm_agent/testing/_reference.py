@@ -27,8 +27,8 @@ STOPPED                            group in <STATE> state")
 
 ``resilient`` (issue 10, item 3), with its parameters (defaults in :data:`RESILIENT_DEFAULTS`):
 
-* a failure where every failed rank exited with a code in ``no_retry_exit_codes`` gives up at
-  once, without counting a restart: the job's exit code is ``no_requeue_exit_code`` (set first:
+* a failure where every failed rank exited with a code in ``no_retry_exit_codes`` (the ranks
+  torch stopped with SIGTERM after the first failure are not failed ranks) gives up at once, without counting a restart: the job's exit code is ``no_requeue_exit_code`` (set first:
   the announcement to the job's other agents carries it); stop; FAILED; return the FAILED
   result (no exit barrier);
 * every other failure (FAILED or UNHEALTHY) with restarts left restarts after a backoff: count
@@ -285,7 +285,10 @@ class ReferenceRun:
             self.outcome = Returned(observed, result.return_values,
                                     failure_summary(result.failures))
         elif observed in ("FAILED", "UNHEALTHY"):
-            codes = [f.exitcode for f in result.failures.values()]
+            listed = [f.exitcode for f in result.failures.values()]
+            # "failed ranks": torch also lists the ranks it stopped (SIGTERM) after the first
+            # failure; they count only when every listed rank ended by SIGTERM
+            codes = [c for c in listed if c != -15] or listed
             no_retry = self.params.get("no_retry_exit_codes", ())
             if resilient and codes and all(c in no_retry for c in codes):
                 self._give_up(result, observed, exit_code=self.params["no_requeue_exit_code"])
