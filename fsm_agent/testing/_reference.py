@@ -28,9 +28,10 @@ STOPPED                            group in <STATE> state")
 ``resilient`` (issue 10, item 3), with its parameters (defaults in :data:`RESILIENT_DEFAULTS`):
 
 * a failure where every failed rank exited with a code in ``no_retry_exit_codes`` (the ranks
-  torch stopped with SIGTERM after the first failure are not failed ranks) gives up at once, without counting a restart: the job's exit code is ``no_requeue_exit_code`` (set first:
-  the announcement to the job's other agents carries it); stop; FAILED; return the FAILED
-  result (no exit barrier);
+  torch stopped with SIGTERM after the first failure are not failed ranks) gives up at once,
+  without counting a restart: the job's exit code is ``no_requeue_exit_code`` (set first: the
+  announcement to the job's other agents carries it); stop; FAILED; return the FAILED result
+  (no exit barrier);
 * every other failure (FAILED or UNHEALTHY) with restarts left restarts after a backoff: count
   the restart, stop, the group reports STOPPED, wait ``min(backoff_max, backoff_initial *
   backoff_factor**n) * (1 + uniform(-backoff_jitter, backoff_jitter))``, rendezvous, start,
