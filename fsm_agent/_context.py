@@ -70,6 +70,8 @@ class Context:
     backoff: dict[str, int] = attrs.field(factory=dict, repr=False)
     #: When the current state's timer fires (clock time), None if it has none.
     deadline: float | None = None
+    #: Set by :meth:`withdraw_restarts`: no restart is left, whatever a window gives back.
+    restarts_withdrawn: bool = False
     #: The exit code the job should end with if it fails (``set_exit_code``); None: the default.
     exit_code: int | None = None
     #: The lifecycle's guards by name, bound to its parameters (combinators evaluate through it).
@@ -100,6 +102,9 @@ class Context:
     def refresh_budget(self) -> None:
         """Recount ``remaining_restarts`` for a sliding window or a job-wide budget (a no-op for
         an agent's budget over the whole job)."""
+        if self.restarts_withdrawn:
+            self.remaining_restarts = 0
+            return
         job = self.job_driver()
         if job is not None:
             used = int(job.job_restart_count(self.window))
@@ -110,6 +115,13 @@ class Context:
         horizon = self.clock.now() - self.window
         inside = sum(1 for t in self.restart_times if t > horizon)
         self.remaining_restarts = max(0, self.max_restarts - inside)
+
+    def withdraw_restarts(self) -> None:
+        """No restart is left for this agent from now on (torch's agent does this when a worker
+        is stuck in uninterruptible sleep: a fresh worker would conflict with it), even where
+        a sliding window or the job's ledger would give restarts back."""
+        self.restarts_withdrawn = True
+        self.remaining_restarts = 0
 
     def note_failure(self) -> None:
         """Remember how long the attempt that just failed had run."""

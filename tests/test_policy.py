@@ -159,6 +159,19 @@ def test_the_budget_window_forgets_old_restarts() -> None:
     assert lc.restart_count == 6
 
 
+def test_withdrawn_restarts_stay_withdrawn_under_a_window() -> None:
+    # torch's agent zeroes its restarts when a worker is stuck in uninterruptible sleep; the
+    # torch driver withdraws them (fsm_agent.torch._driver): a window must not give them back
+    clock = VirtualClock()
+    lc, _ = _resilient([], clock, max_restarts=2, params={
+        "restart_window": "1m", "backoff_initial": 1, "backoff_factor": 1})
+    lc.start()
+    lc.context.withdraw_restarts()
+    clock.advance(600)  # long past any window
+    lc.observe(make_result("FAILED"))
+    assert lc.state_name == "FAILED" and lc.restart_count == 0
+
+
 MATCHERS = """
 name: matchers
 description: One observed failure, classified by a parameterised guard.

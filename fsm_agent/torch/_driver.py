@@ -374,6 +374,10 @@ def _rendezvous_store(handler: Any) -> tuple[str, int] | None:
 def _set_remaining_restarts(counters: Any, value: int) -> None:
     # fsm_agent.Lifecycle exposes its attrs Context, whose counters guards and actions read.
     target = getattr(counters, "context", counters)
+    withdraw = getattr(target, "withdraw_restarts", None)
+    if value == 0 and callable(withdraw):
+        withdraw()  # sticky: a restart window must not give them back
+        return
     try:
         target.remaining_restarts = value
     except AttributeError:  # a read-only stand-in: nothing to pass the change on to
