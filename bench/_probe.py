@@ -9,7 +9,8 @@ process). They change no behaviour: each wrapper calls the original and records
 ``time.monotonic()`` before and after. Recorded: ``_monitor_workers`` calls that observed a
 non-HEALTHY state (the agent's failure observation), ``_stop_workers``, ``_rendezvous``,
 ``_start_workers``, the exit barrier (``torch.distributed.elastic.utils.store.barrier``), the
-rendezvous backend's store round trips, and the rendezvous' own polling sleeps.
+rendezvous backend's store round trips, and the rendezvous' own polling sleeps; with
+``BENCH_STORE_REQS=1`` every store request the agent makes.
 """
 
 from __future__ import annotations
@@ -105,6 +106,33 @@ def install() -> None:
     dyn._delay = delay
 
 
+_STORE_METHODS = ("get", "set", "add", "check", "wait", "compare_set", "multi_get", "multi_set",
+                  "delete_key", "num_keys", "append", "queue_push", "queue_pop")
+
+
+def _count_store_requests() -> None:
+    """One ``store_req`` event per request the agent makes to a store (``BENCH_STORE_REQS=1``).
+
+    ``PrefixStore`` forwards to the store below it inside C++, so each Python-level call on
+    either class is one request to the server.
+    """
+    import torch.distributed as dist
+
+    for cls in (dist.TCPStore, dist.PrefixStore):
+        for name in _STORE_METHODS:
+            original = getattr(cls, name, None)
+            if original is None:
+                continue
+
+            def call(self: Any, *args: Any, _original: Any = original, _name: str = name,
+                     **kwargs: Any) -> Any:
+                t = time.monotonic()
+                _emit("store_req", t, t, op=_name)
+                return _original(self, *args, **kwargs)
+
+            setattr(cls, name, call)
+
+
 def _install_fsm() -> None:
     # fsm-agent's exit barrier may be its own (same keys as torch's); time it the same way.
     # Only for fsm-agent: importing fsm_agent into torchrun's process would change what it runs.
@@ -132,6 +160,8 @@ def main() -> int:
         print("usage: _probe.py torchrun|fsm-agent ARGS...", file=sys.stderr)
         return 2
     install()
+    if os.environ.get("BENCH_STORE_REQS") == "1":
+        _count_store_requests()
     _emit("agent_start", time.monotonic(), time.monotonic())
     if sys.argv[1] == "fsm-agent":
         _install_fsm()

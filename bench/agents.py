@@ -81,6 +81,29 @@ def _reap_workers(workers: Sequence[tuple[str, int, int, float, int]]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _reap_leftovers(worker_file: Path) -> list[str]:
+    """Kill every process still carrying this job's ``BENCH_OUT`` (an agent's child it did not
+    stop: a worker that never got to record its start, a preload template) and describe each.
+
+    The job's agents are gone by now, so anything found is a process the launcher left behind:
+    the caller reports it, this only makes sure it does not outlive the benchmark.
+    """
+    marker = f"BENCH_OUT={worker_file}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if marker not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            continue
+        found.append(f"{proc.name}: {cmd.strip()[:120]}")
+    return found
+
+
 @contextlib.contextmanager
 def _workdir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="fsm-bench-") as d:
@@ -99,6 +122,7 @@ def run_job(
     timeout: float = RUN_TIMEOUT,
     imports: str = "",
     preload: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> Run:
     """Launch one job (``nnodes`` agents on loopback) and wait for it to end.
 
@@ -112,6 +136,7 @@ def run_job(
         env.pop("OMP_NUM_THREADS", None)
         if imports:
             env["BENCH_IMPORT"] = imports
+        env.update(extra_env or {})
         common = [
             "--nproc-per-node", str(nproc),
             "--max-restarts", str(max_restarts),
@@ -174,12 +199,14 @@ def run_job(
                 log.close()
             workers = _read_workers(worker_file)
             _reap_workers(workers)
+            leftovers = _reap_leftovers(worker_file)
         events: list[dict[str, Any]] = []
         for node in range(nnodes):
             path = wd / f"events{node}.jsonl"
             if path.exists():
                 events += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        run = Run(launcher, t_launch, [p.returncode for p in procs], events, workers)
+        run = Run(launcher, t_launch, [p.returncode for p in procs], events, workers,
+                  {"leftovers": leftovers})
         if not workers or not events:
             tail = b"".join((wd / f"agent{n}.log").read_bytes()[-3000:] for n in range(nnodes))
             raise RuntimeError(
@@ -322,4 +349,80 @@ def warm_restart(launcher: str, nproc: int, *, preload: bool, imports: str = "to
     if not out["restart"]:
         raise RuntimeError(f"{launcher} warm-restart job had no complete restart; agent log "
                            f"tail:\n{run.extra.get('log_tail', '')}")
+    return out
+
+
+def _agents_cpu_ns(pids: Sequence[int]) -> list[int | None]:
+    out: list[int | None] = []
+    for pid in pids:
+        try:
+            out.append(_schedstat_ns(pid))
+        except OSError:
+            out.append(None)
+    return out
+
+
+def curve_point(launcher: str, nnodes: int, nproc: int, steady: float,
+                timeout: float = RUN_TIMEOUT) -> dict[str, Any]:
+    """One job of ``nnodes`` agents x ``nproc`` workers (nothing imported): start, a steady
+    window of ``steady`` seconds while the workers sleep, one crash, one restart, finish.
+
+    Returns start-up (launch -> every worker running), the restart (crash -> every restarted
+    worker running), each agent's CPU during the steady window (fraction of a core; the agent
+    that hosts the store serves every request too), the store requests all agents made during
+    their first rendezvous (first agent in -> last agent out) and during the steady window (as
+    counts and per second), the exit barrier's release (several agents), and anything the job
+    left running (killed, and reported as ``leftovers``).
+    """
+    box: dict[str, Any] = {}
+
+    def sample(_wd: Path, pids: list[int]) -> None:
+        time.sleep(0.5)
+        c0, t0 = _agents_cpu_ns(pids), time.monotonic()
+        time.sleep(max(steady - 1.0, 0.5))
+        c1, t1 = _agents_cpu_ns(pids), time.monotonic()
+        box["window"] = (t0, t1)
+        box["cpu"] = [(b - a) / 1e9 / (t1 - t0) for a, b in zip(c0, c1, strict=True)
+                      if a is not None and b is not None]
+
+    t_start = time.monotonic()
+    # the finishing agents arrive at the exit barrier spread over at most 1.5 s
+    stagger = 0.0 if nnodes == 1 else min(0.15, 1.5 / nnodes)
+    run = run_job(
+        launcher, nproc=nproc, worker_args=[1, 0, steady, 0.3, stagger],
+        max_restarts=1, monitor_interval=0.1, nnodes=nnodes, on_running=sample,
+        extra_env={"BENCH_STORE_REQS": "1"}, timeout=timeout,
+    )
+    wall = time.monotonic() - t_start
+    crash = run.worker_times("crash", 0)
+    restarted = run.worker_times("start", 1)
+    requests = sorted(e["t0"] for e in run.agent_events("store_req"))
+
+    def count(t0: float, t1: float) -> int:
+        return sum(1 for t in requests if t0 <= t <= t1)
+
+    first_rdzv: dict[int, dict[str, Any]] = {}
+    for e in sorted(run.agent_events("rendezvous"), key=lambda e: e["t0"]):
+        first_rdzv.setdefault(e["pid"], e)
+    out: dict[str, Any] = {
+        "startup": startup(run, nproc * nnodes),
+        "restart": (max(restarted) - crash[0]) if crash and len(restarted) >= nproc * nnodes
+        else None,
+        "cpu": box.get("cpu", []),
+        "exit_barrier": exit_barrier_release(run) if nnodes > 1 else None,
+        "wall": wall,
+        "returncodes": run.returncodes,
+        "leftovers": run.extra["leftovers"],
+        "store_requests": len(requests),
+    }
+    if len(first_rdzv) == nnodes:
+        r0 = min(e["t0"] for e in first_rdzv.values())
+        r1 = max(e["t1"] for e in first_rdzv.values())
+        out["rdzv_s"] = r1 - r0
+        out["store_rdzv_n"] = count(r0, r1)
+        out["store_rdzv_per_s"] = count(r0, r1) / (r1 - r0) if r1 > r0 else None
+    window = box.get("window")
+    if window:
+        out["store_steady_n"] = count(*window)
+        out["store_steady_per_s"] = count(*window) / (window[1] - window[0])
     return out

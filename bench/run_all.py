@@ -1,11 +1,14 @@
-"""Every performance figure of issue 6, fsm-agent beside torchrun, in one session.
+"""Every performance figure of issues 6 and 13, fsm-agent beside torchrun, in one session.
 
-    python bench/run_all.py            # the full run (about 8-12 minutes on 2 cores)
-    python bench/run_all.py --smoke    # every measure once, small (about 2-3 minutes)
+    python bench/run_all.py                  # the full run (about 20 minutes on 2 quiet cores)
+    python bench/run_all.py --smoke          # every measure once, small (about 4 minutes)
+    python bench/run_all.py --only curves    # some measures; the others kept from the last run
 
 Writes ``docs/performance.md`` (tables: fsm-agent, torchrun, ratio, target) and PNG plots under
 ``docs/performance/`` (when matplotlib is installed: ``pip install 'fsm-agent[bench]'``), and
-the raw samples as JSON (``--json``, default ``bench/results.json``). The launchers take turns
+the raw samples as JSON (``--json``, default ``bench/results.json``). A ``--smoke`` run writes
+all of that under ``$TMPDIR/fsm-bench-smoke/`` instead (unless ``--doc``/``--json`` say where),
+so it never replaces the published figures. The launchers take turns
 (torchrun, fsm-agent, torchrun, ...) so that load from elsewhere on the machine falls on both.
 Figures are medians; ratios are fsm-agent / torchrun.
 """
@@ -20,6 +23,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,7 +37,10 @@ import agents  # noqa: E402  (bench/ is not a package)
 
 DOC = ROOT / "docs" / "performance.md"
 PLOTS = ROOT / "docs" / "performance"
+SMOKE_DIR = Path(tempfile.gettempdir()) / "fsm-bench-smoke"
 LABEL = {"fsm": "fsm-agent", "torchrun": "torchrun"}
+MEASURES = ("startup", "engine", "detection", "cpu", "restart", "warm", "scale", "barrier",
+            "curves")
 
 
 def med(xs: Sequence[float]) -> float | None:
@@ -122,8 +129,9 @@ def bench_scale(smoke: bool) -> dict[str, Any]:
     cases = {f"1x{single}": (1, single), f"{multi[0]}x{multi[1]}": multi}
     out: dict[str, Any] = {}
     for name, (nnodes, nproc) in cases.items():
-        # one 64-worker job is ~25 s; the multi-agent jobs vary more, so two of those
-        reps = 1 if smoke or nnodes == 1 else 2
+        # three jobs per launcher (4-15 s each on a quiet machine): their start-up and exit
+        # barrier release are rows of the summary, and one job's start-up varies by 0.3 s
+        reps = 1 if smoke else 3
         def job(launcher: str, nnodes: int = nnodes, nproc: int = nproc) -> dict[str, Any]:
             t0 = time.monotonic()
             samples, phases, run = agents.restart(launcher, nproc, 1, nnodes=nnodes)
@@ -144,6 +152,78 @@ def bench_scale(smoke: bool) -> dict[str, Any]:
         log(f"scale {name}: " + ", ".join(
             f"{L} restart {ms(med([r['restart'] for r in out[name][L] if r['restart']]))}"
             for L in ("torchrun", "fsm")))
+    return out
+
+
+def bench_warm(smoke: bool) -> dict[str, Any]:
+    """Issue 13's warm restart: a fail-once job whose 2 workers import torch; from the crash to
+    every restarted worker's line after ``import torch`` (the workers' own clocks). fsm-agent with
+    ``--preload torch`` against torchrun; fsm-agent cold as a reference (full run only)."""
+    reps, restarts = (1, 1) if smoke else (3, 2)
+    configs = {"torchrun": ("torchrun", False), "fsm --preload": ("fsm", True)}
+    if not smoke:
+        configs["fsm cold"] = ("fsm", False)
+    out: dict[str, Any] = {"nproc": 2, "imports": "torch",
+                           **{k: {"restart": [], "first": []} for k in configs}}
+    for rep in range(reps):
+        for key, (launcher, preload) in (configs.items() if rep % 2 == 0
+                                         else reversed(configs.items())):
+            try:
+                got = agents.warm_restart(launcher, 2, preload=preload, restarts=restarts)
+            except Exception as exc:
+                log(f"  warm {key}: {type(exc).__name__}: {str(exc)[:300]}")
+                continue
+            for k in ("restart", "first"):
+                out[key][k] += got[k]
+    log("warm restart: " + ", ".join(f"{k} {ms(med(out[k]['restart']))}" for k in configs))
+    return out
+
+
+#: Issue 13's curves: workers per agent on one agent, and agents of one worker on loopback.
+CURVE_WORKERS, CURVE_AGENTS = (1, 8, 64), (2, 8, 32)
+SMOKE_WORKERS, SMOKE_AGENTS = (1, 4), (2,)
+
+
+def curve_timeout(nnodes: int, nproc: int) -> float:
+    """Generous for 2 cores: each agent imports torch (~3 s of CPU), each worker starts Python."""
+    return 60.0 + 8.0 * nnodes + 0.5 * nnodes * nproc
+
+
+def _curve_job(launcher: str, nnodes: int, nproc: int, steady: float,
+               timeout: float) -> dict[str, Any]:
+    # a point that fails (32 agents on 2 cores may) is a row saying so, not a missing row
+    try:
+        return agents.curve_point(launcher, nnodes, nproc, steady, timeout=timeout)
+    except Exception as exc:
+        log(f"  {launcher} {nnodes}x{nproc}: {type(exc).__name__}: {str(exc)[:300]}")
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", "cpu": [],
+                "leftovers": [], "returncodes": []}
+
+
+def bench_curves(smoke: bool) -> dict[str, Any]:
+    """Restart latency, agent CPU and store requests against workers per agent and agents."""
+    workers, nodes = (SMOKE_WORKERS, SMOKE_AGENTS) if smoke else (CURVE_WORKERS, CURVE_AGENTS)
+    steady = 2.5 if smoke else 6.0
+    points = [(1, n) for n in workers] + [(n, 1) for n in nodes]
+    out: dict[str, Any] = {"steady_s": steady, "points": []}
+    for nnodes, nproc in points:
+        # two jobs per launcher where a job is short, one where it is 30-50 s (64 workers,
+        # 32 agents: each is about a minute of the run for both launchers)
+        reps = 1 if smoke or nnodes * nproc > 8 else 2
+        timeout = curve_timeout(nnodes, nproc)
+        runs = alternate(reps, ["torchrun", "fsm"], lambda L, a=nnodes, w=nproc, t=timeout:
+                         _curve_job(L, a, w, steady, t))
+        for L, rows in runs.items():
+            for r in rows:
+                if r["leftovers"]:
+                    log(f"  {L} {nnodes}x{nproc}: killed {len(r['leftovers'])} processes left "
+                        f"running: {r['leftovers'][:3]}")
+        point = {"nnodes": nnodes, "nproc": nproc, "timeout_s": timeout, **runs}
+        out["points"].append(point)
+        log(f"curves {nnodes}x{nproc}: " + ", ".join(
+            f"{L} restart {ms(med(_vals(runs[L], 'restart')))} cpu "
+            f"{100 * (med([c for r in runs[L] for c in r['cpu']]) or 0):.3f}% store "
+            f"{med(_vals(runs[L], 'store_steady_per_s')) or 0:.1f}/s" for L in runs))
     return out
 
 
@@ -198,8 +278,21 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
     det, cpu, rst = results.get("detection", {}), results.get("cpu", {}), results.get("restart", {})
     add("## Summary")
     add("")
+    add("Targets marked (#13) are issue 13's: at or ahead of torchrun, same run, same interval.")
+    add("A row without figures was not measured in this run.")
+    add("")
     add("| measure | fsm-agent | torchrun | ratio | target | verdict |")
     add("|---|---|---|---|---|---|")
+
+    def row(measure: str, f: float | None, t: float | None, fmt: Callable[[float | None], str],
+            target: str, limit: float) -> None:
+        """One fsm-agent / torchrun row whose target is a ratio (``limit``)."""
+        ok = None if f is None or t is None or t == 0 else f / t <= limit
+        add(f"| {measure} | {fmt(f)} | {fmt(t)} | {ratio(f, t)} | {target} | {_verdict(ok)} |")
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{100 * x:.3f}% of a core"
+
     if det:
         f1, f5, t1 = med(det["fsm@0.1"]), med(det["fsm@5"]), med(det["torchrun@0.1"])
         ok = None if f1 is None or t1 is None else (
@@ -210,32 +303,36 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
         add(f"| detection latency, fsm-agent at monitor interval 5 s (n={len(det['fsm@5'])}) | "
             f"{ms(f5)} | (torchrun: ~2.5 s, half the interval) | | <= 5 ms | "
             f"{_verdict(None if f5 is None else f5 <= 0.005)} |")
+    seconds = f"{cpu['seconds']:.0f} s" if cpu else ""
+    row(f"agent CPU, 4 workers sleeping {seconds}, both at 0.1 s (n={len(cpu.get('fsm@0.1', []))}/"
+        f"{len(cpu.get('torchrun@0.1', []))})", med(cpu.get("fsm@0.1", [])),
+        med(cpu.get("torchrun@0.1", [])), pct, "<= 0.5x (#13)", 0.5)
     if cpu:
-        c1, cf, ct = med(cpu["fsm@0.1"]), med(cpu["fsm@1"]), med(cpu["torchrun@0.1"])
-
-        def pct(x: float | None) -> str:
-            return "n/a" if x is None else f"{100 * x:.3f}% of a core"
-
-        add(f"| agent CPU, 4 workers sleeping {cpu['seconds']:.0f} s, both at 0.1 s | {pct(c1)} | "
-            f"{pct(ct)} | {ratio(c1, ct)} | <= 0.5x | "
-            f"{_verdict(None if c1 is None or ct is None else c1 <= ct / 2)} |")
-        add(f"| agent CPU, fsm-agent at 1 s (failures still seen at once) | {pct(cf)} | "
-            f"{pct(ct)} | "
-            f"{ratio(cf, ct)} | <= 0.5x | "
-            f"{_verdict(None if cf is None or ct is None else cf <= ct / 2)} |")
+        row("agent CPU, fsm-agent at 1 s against torchrun at 0.1 s (failures still seen at once)",
+            med(cpu["fsm@1"]), med(cpu["torchrun@0.1"]), pct, "<= 0.5x", 0.5)
     for n, by in rst.items():
-        f, t = med(by["fsm"]["samples"]), med(by["torchrun"]["samples"])
-        add(f"| restart latency, {n} workers (n={len(by['fsm']['samples'])}/"
-            f"{len(by['torchrun']['samples'])}) | {ms(f)} | {ms(t)} | {ratio(f, t)} | <= 0.8x | "
-            f"{_verdict(None if f is None or t is None else f <= 0.8 * t)} |")
+        row(f"restart latency, {n} workers (n={len(by['fsm']['samples'])}/"
+            f"{len(by['torchrun']['samples'])})", med(by["fsm"]["samples"]),
+            med(by["torchrun"]["samples"]), ms, "<= 0.8x", 0.8)
+    warm = results.get("warm", {})
+    wf, wt = warm.get("fsm --preload", {}).get("restart", []), warm.get("torchrun", {}).get(
+        "restart", [])
+    row(f"warm restart: crash -> restarted workers past `import torch`, fsm-agent `--preload "
+        f"torch` (n={len(wf)}/{len(wt)})", med(wf), med(wt), ms, "<= 0.25x (#13)", 0.25)
     scale = results.get("scale", {})
-    multi = next((v for k, v in scale.items() if v["nnodes"] > 1), None)
-    if multi:
-        fb = med([r["exit_barrier"] for r in multi["fsm"] if r["exit_barrier"] is not None])
-        tb = med([r["exit_barrier"] for r in multi["torchrun"] if r["exit_barrier"] is not None])
-        add(f"| exit barrier release, {multi['nnodes']} agents (last arrival -> all left) | "
-            f"{ms(fb)} | {ms(tb)} | {ratio(fb, tb)} | <= 50 ms | "
-            f"{_verdict(None if fb is None else fb <= 0.05)} |")
+    for label, pick in (("1 x 64", lambda v: v["nnodes"] == 1),
+                        ("8 x 4", lambda v: v["nnodes"] > 1)):
+        case = next((v for v in scale.values() if pick(v)), None)
+        name = label if case is None else f"{case['nnodes']} x {case['nproc']}"
+        rows = case or {"fsm": [], "torchrun": []}
+        fs, ts = _vals(rows["fsm"], "startup"), _vals(rows["torchrun"], "startup")
+        row(f"start-up, {name} workers: launch -> every worker running (n={len(fs)}/{len(ts)})",
+            med(fs), med(ts), ms, "<= 1x (#13)", 1.0)
+    multi = next((v for v in scale.values() if v["nnodes"] > 1), None)
+    fb = _vals(multi["fsm"], "exit_barrier") if multi else []
+    tb = _vals(multi["torchrun"], "exit_barrier") if multi else []
+    row(f"exit barrier release, {multi['nnodes'] if multi else 8} agents (last arrival -> all "
+        f"left; n={len(fb)}/{len(tb)})", med(fb), med(tb), ms, "<= 1x (#13)", 1.0)
     bar = results.get("barrier")
     if bar:
         f, t = bar["fsm"]["median_s"], bar["torch"]["median_s"]
@@ -243,16 +340,12 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
         add(f"| exit barrier release, {bar['agents']} agents, barrier alone (n={n})"
             f" | {ms(f)} | {ms(t)} | {ratio(f, t)} | <= 50 ms | "
             f"{_verdict(None if f is None else f <= 0.05)} |")
-        p = bar.get("push", {}).get("median_s")
-        if p is not None:
-            add(f"| exit barrier release, proposed `push` barrier (see Notes) | {ms(p)} | "
-                f"{ms(t)} | {ratio(p, t)} | <= 50 ms | {_verdict(p <= 0.05)} |")
     eng = results.get("engine")
     if eng:
-        add(f"| engine: one observe() of a healthy tick | {eng['observe_healthy_us']:.1f} us | "
-            f"torch's loop body: {eng['torch_tick_us']:.1f} us | "
-            f"{eng['observe_healthy_us'] / eng['torch_tick_us']:.1f} | <= 15 us | "
-            f"{_verdict(eng['observe_healthy_us'] <= 15)} |")
+        f, t = eng["observe_healthy_us"], eng["torch_tick_us"]
+        add(f"| engine: one observe() of a healthy tick, against torch's loop body on the same "
+            f"no-op driver | {f:.1f} us | {t:.1f} us | {f / t:.2f} | <= 15 us; <= 1x (#13) | "
+            f"{_verdict(f <= 15 and f <= t)} |")
         for key, target in (("build_10000_s", 0.5), ("build_100000_s", 5.0)):
             if key in eng:
                 count = int(key.split("_")[1])
@@ -263,6 +356,9 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
             f"lifecycles | {eng['observations_s']:.2f} s | | | "
             f"{'< 30 s' if not smoke else '(smoke size)'} | "
             f"{_verdict(None if smoke else eng['observations_s'] < 30)} |")
+    else:
+        add("| engine: one observe() of a healthy tick, against torch's loop body | n/a | n/a | "
+            "n/a | <= 1x (#13) | n/a |")
     st = results.get("startup")
     if st:
         for name in ("import fsm_agent", "fsm-agent check", "fsm-agent diagram", "fsm-agent diff"):
@@ -332,6 +428,27 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
                                  for k in ("startup", "detect", "restart", "exit_barrier", "wall"))
                     + " |")
         add("")
+    if warm:
+        add("## Warm restart (`--preload`)")
+        add("")
+        add(f"A fail-once job of {warm['nproc']} workers that import `{warm['imports']}` first")
+        add("(`BENCH_IMPORT`): `restart` is the crash (the worker's timestamp) to the last")
+        add("restarted worker's line after the import, `first` the launch to the first attempt's.")
+        add("fsm-agent `--preload` forks the workers from a template that imported the modules")
+        add("once; cold, each worker imports them itself, as under torchrun.")
+        add("")
+        add("| launcher | n | restart | min | max | first start |")
+        add("|---|---|---|---|---|---|")
+        for key in ("torchrun", "fsm --preload", "fsm cold"):
+            if key in warm:
+                r = warm[key]["restart"]
+                add(f"| {key.replace('fsm', 'fsm-agent')} | {len(r)} | {ms(med(r))} | "
+                    f"{ms(min(r) if r else None)} | {ms(max(r) if r else None)} | "
+                    f"{ms(med(warm[key]['first']))} |")
+        add("")
+    curves = results.get("curves")
+    if curves:
+        render_curves(curves, add)
     if eng:
         add("## Engine cost")
         add("")
@@ -371,6 +488,51 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
         lines.extend(notes)
         add("")
     return "\n".join(lines)
+
+
+def _curve_cells(rows: list[dict[str, Any]]) -> list[str]:
+    ok = [r for r in rows if "error" not in r]
+    cpu = [c for r in ok for c in r["cpu"]]
+    rdzv, steady = _vals(ok, "store_rdzv_per_s"), _vals(ok, "store_steady_per_s")
+    problems = [r["error"] for r in rows if "error" in r]
+    problems += [f"exit codes {r['returncodes']}" for r in ok if any(r["returncodes"])]
+    problems += [f"{len(r['leftovers'])} processes left running (killed)"
+                 for r in ok if r["leftovers"]]
+    return [
+        str(len(ok)),
+        ms(med(_vals(ok, "startup"))),
+        ms(med(_vals(ok, "restart"))),
+        "n/a" if not cpu else f"{100 * statistics.median(cpu):.3f}% / {100 * max(cpu):.3f}%",
+        "n/a" if not rdzv else f"{statistics.median(rdzv):.0f} (in {ms(med(_vals(ok, 'rdzv_s')))})",
+        "n/a" if not steady else f"{statistics.median(steady):.1f}",
+        "n/a" if not ok or not _vals(ok, "store_rdzv_n") else
+        f"{statistics.median(_vals(ok, 'store_rdzv_n')):.0f}",
+        "; ".join(problems) or "",
+    ]
+
+
+def render_curves(curves: dict[str, Any], add: Callable[[str], None]) -> None:
+    add("## Cost as the work grows")
+    add("")
+    add("One job per row and launcher, at `--monitor-interval 0.1`, workers that import nothing:")
+    add("start, a steady window of "
+        f"{curves['steady_s']:.0f} s while the workers sleep, one crash, one restart, finish.")
+    add("Rows `1 x W` are one agent (`--standalone`) with W workers; rows `A x 1` are A agents on")
+    add("loopback (c10d rendezvous), one worker each. `start-up`: launch -> every worker running;")
+    add("`restart`: crash -> every restarted worker running; `agent CPU`: each agent's CPU in the")
+    add("steady window, median / max over the agents (the max is the agent that hosts the store);")
+    add("`store req/s`: requests to the store by all agents (`BENCH_STORE_REQS`, every")
+    add("`TCPStore`/`PrefixStore` call), during the first rendezvous (first agent in -> last out)")
+    add("and in the steady window; `rdzv requests`: the rendezvous' requests in all.")
+    add("")
+    add("| agents x workers | launcher | n | start-up | restart | agent CPU (median / max) | "
+        "store req/s, rendezvous | store req/s, steady | rdzv requests | problems |")
+    add("|---|---|---|---|---|---|---|---|---|---|")
+    for p in curves["points"]:
+        for L in ("torchrun", "fsm"):
+            add(f"| {p['nnodes']} x {p['nproc']} | {LABEL[L]} | "
+                + " | ".join(_curve_cells(p.get(L, []))) + " |")
+    add("")
 
 
 def plot(results: dict[str, Any], where: Path = PLOTS) -> list[str]:
@@ -461,6 +623,88 @@ def plot(results: dict[str, Any], where: Path = PLOTS) -> list[str]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(str(path))
+
+    curves = results.get("curves")
+    if curves and curves.get("points"):
+        written += plot_curves(curves, where, plt)
+    return written
+
+
+def plot_curves(curves: dict[str, Any], where: Path, plt: Any) -> list[str]:
+    """curves.png: restart, agent CPU and start-up against workers per agent and agents;
+    store_requests.png: store requests/s during rendezvous and steady, against agents."""
+    axes_of = {"workers": [p for p in curves["points"] if p["nnodes"] == 1],
+               "agents": [p for p in curves["points"] if p["nproc"] == 1]}
+    styles = (("torchrun", "o", "tab:blue"), ("fsm", "s", "tab:orange"))
+
+    Rows = list[dict[str, Any]]
+
+    def series(points: Rows, L: str, x_key: str,
+               value: Callable[[Rows], float | None]) -> tuple[list[int], list[float]]:
+        xs, ys = [], []
+        for p in sorted(points, key=lambda p: p[x_key]):
+            ok = [r for r in p.get(L, []) if "error" not in r]
+            v = value(ok) if ok else None
+            if v is not None:
+                xs.append(p[x_key])
+                ys.append(v)
+        return xs, ys
+
+    figures: list[tuple[str, Callable[[list[dict[str, Any]]], float | None]]] = [
+        ("restart latency (ms)", lambda ok: (med(_vals(ok, "restart")) or 0) * 1e3 or None),
+        ("agent CPU (% of a core, median)",
+         lambda ok: 100 * (med([c for r in ok for c in r["cpu"]]) or 0) or None),
+        ("start-up (s)", lambda ok: med(_vals(ok, "startup"))),
+    ]
+    fig, grid = plt.subplots(2, 3, figsize=(11, 6))
+    rows_of = (("workers", "nproc", "workers on one agent"),
+               ("agents", "nnodes", "agents, 1 worker each"))
+    for row_i, (axis, x_key, xlabel) in enumerate(rows_of):
+        # one agent with one worker is where both curves start
+        points = axes_of[axis] + ([p for p in axes_of["workers"] if p["nproc"] == 1]
+                                  if axis == "agents" else [])
+        for col, (ylabel, value) in enumerate(figures):
+            ax = grid[row_i][col]
+            for L, marker, color in styles:
+                xs, ys = series(points, L, x_key, value)
+                ax.plot(xs, ys, marker=marker, color=color, label=LABEL[L])
+                if axis == "agents" and col == 1:  # the agent that hosts the store
+                    xs, ys = series(points, L, x_key, lambda ok: 100 * max(
+                        (c for r in ok for c in r["cpu"]), default=0) or None)
+                    ax.plot(xs, ys, ":", marker=marker, color=color,
+                            label=f"{LABEL[L]}, busiest (store host)")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel, fontsize=8)
+            ax.legend(fontsize=7)
+    fig.suptitle("Cost as the work grows (monitor interval 0.1 s)")
+    fig.tight_layout()
+    written = []
+    path = where / "curves.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(str(path))
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    single = [p for p in axes_of["workers"] if p["nproc"] == 1]
+    for L, marker, color in styles:
+        for key, line, what in (("store_rdzv_per_s", "-", "rendezvous"),
+                                ("store_steady_per_s", "--", "steady")):
+            # one agent's rendezvous is a few requests in milliseconds: no rate worth a point
+            points = axes_of["agents"] + (single if what == "steady" else [])
+            xs, ys = series(points, L, "nnodes", lambda ok, k=key: med(_vals(ok, k)))
+            ax.plot(xs, ys, line, marker=marker, color=color, label=f"{LABEL[L]}, {what}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("agents (1 worker each)")
+    ax.set_ylabel("store requests/s, all agents")
+    ax.set_title("Store load vs agents")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = where / "store_requests.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(str(path))
     return written
 
 
@@ -468,15 +712,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="every measure once, small")
     parser.add_argument("--only", nargs="*", default=None,
-                        choices=["startup", "engine", "detection", "cpu", "restart", "scale",
-                                 "barrier"],
+                        choices=list(MEASURES),
                         help="run only these measures")
-    parser.add_argument("--doc", type=Path, default=DOC, help=f"Markdown out (default {DOC})")
-    parser.add_argument("--json", type=Path, default=BENCH / "results.json")
-    parser.add_argument("--no-doc", action="store_true", help="print, do not write the doc")
+    parser.add_argument("--doc", type=Path, help=f"Markdown out (default {DOC}; with --smoke, "
+                        f"{SMOKE_DIR / 'performance.md'})")
+    parser.add_argument("--json", type=Path, help="raw results (default bench/results.json; "
+                        "with --smoke, beside the smoke doc)")
+    parser.add_argument("--no-doc", action="store_true",
+                        help="print, write neither the doc nor the plots")
     parser.add_argument("--render", type=Path, metavar="JSON",
                         help="only rewrite the doc and plots from an earlier run's results")
     args = parser.parse_args(argv)
+    # a smoke run (CI, development) must never replace the published figures or plots
+    if args.doc is None:
+        args.doc = SMOKE_DIR / "performance.md" if args.smoke else DOC
+    if args.json is None:
+        args.json = SMOKE_DIR / "results.json" if args.smoke else BENCH / "results.json"
+    args.doc.parent.mkdir(parents=True, exist_ok=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
     if args.render:
         results = json.loads(args.render.read_text())
         results["plots"] = plot(results, args.doc.parent / "performance")
@@ -488,7 +741,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # a SIGTERM must unwind through run_job's cleanup, which stops the agents it started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    wanted = args.only or ["startup", "engine", "detection", "cpu", "restart", "scale", "barrier"]
+    wanted = args.only or list(MEASURES)
     t0 = time.monotonic()
     import torch
 
@@ -511,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
         "restart": lambda: bench_restart(args.smoke),
         "scale": lambda: bench_scale(args.smoke),
         "barrier": lambda: run_script("exit_barrier", args.smoke),
+        "warm": lambda: bench_warm(args.smoke),
+        "curves": lambda: bench_curves(args.smoke),
     }
     for name in wanted:
         log(f"{name} ...")
@@ -520,14 +775,14 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} failed: {type(exc).__name__}: {exc}")
     results["env"]["wall_s"] = time.monotonic() - t0
     if previous:
-        for key in ("startup", "engine", "detection", "cpu", "restart", "scale", "barrier"):
+        for key in MEASURES:
             if key not in results and key in previous:
                 results[key] = previous[key]
         results["env"]["partial"] = f"{', '.join(wanted)} re-measured at {results['env']['date']}"
         results["env"]["date"] = previous["env"]["date"]
         results["env"]["wall_s"] += previous["env"].get("wall_s", 0.0)
     try:
-        results["plots"] = plot(results, args.doc.parent / "performance")
+        results["plots"] = [] if args.no_doc else plot(results, args.doc.parent / "performance")
     except Exception as exc:  # a plotting problem must not cost the figures
         results["plots"], results["plots_note"] = [], f"not drawn: {type(exc).__name__}: {exc}"
     command = "python bench/run_all.py" + (" --smoke" if args.smoke else "")
