@@ -1,7 +1,7 @@
 """Every performance figure of issues 6 and 13, fsm-agent beside torchrun, in one session.
 
-    python bench/run_all.py                  # the full run (about 20 minutes on 2 quiet cores)
-    python bench/run_all.py --smoke          # every measure once, small (about 4 minutes)
+    python bench/run_all.py                  # the full run (about 12-14 minutes on 2 quiet cores)
+    python bench/run_all.py --smoke          # every measure once, small (about 2-3 minutes)
     python bench/run_all.py --only curves    # some measures; the others kept from the last run
 
 Writes ``docs/performance.md`` (tables: fsm-agent, torchrun, ratio, target) and PNG plots under
@@ -129,9 +129,10 @@ def bench_scale(smoke: bool) -> dict[str, Any]:
     cases = {f"1x{single}": (1, single), f"{multi[0]}x{multi[1]}": multi}
     out: dict[str, Any] = {}
     for name, (nnodes, nproc) in cases.items():
-        # three jobs per launcher (4-15 s each on a quiet machine): their start-up and exit
-        # barrier release are rows of the summary, and one job's start-up varies by 0.3 s
-        reps = 1 if smoke else 3
+        # their start-up and exit barrier release are rows of the summary, and one job's
+        # start-up varies by 0.3 s: five 64-worker jobs (about 5 s each on a quiet machine) and
+        # three multi-agent ones (about 15 s) per launcher
+        reps = 1 if smoke else (5 if nnodes == 1 else 3)
         def job(launcher: str, nnodes: int = nnodes, nproc: int = nproc) -> dict[str, Any]:
             t0 = time.monotonic()
             samples, phases, run = agents.restart(launcher, nproc, 1, nnodes=nnodes)
@@ -159,7 +160,7 @@ def bench_warm(smoke: bool) -> dict[str, Any]:
     """Issue 13's warm restart: a fail-once job whose 2 workers import torch; from the crash to
     every restarted worker's line after ``import torch`` (the workers' own clocks). fsm-agent with
     ``--preload torch`` against torchrun; fsm-agent cold as a reference (full run only)."""
-    reps, restarts = (1, 1) if smoke else (3, 2)
+    reps, restarts = (1, 1) if smoke else (2, 3)
     configs = {"torchrun": ("torchrun", False), "fsm --preload": ("fsm", True)}
     if not smoke:
         configs["fsm cold"] = ("fsm", False)
@@ -203,13 +204,13 @@ def _curve_job(launcher: str, nnodes: int, nproc: int, steady: float,
 def bench_curves(smoke: bool) -> dict[str, Any]:
     """Restart latency, agent CPU and store requests against workers per agent and agents."""
     workers, nodes = (SMOKE_WORKERS, SMOKE_AGENTS) if smoke else (CURVE_WORKERS, CURVE_AGENTS)
-    steady = 2.5 if smoke else 6.0
+    steady = 2.5 if smoke else 4.0
     points = [(1, n) for n in workers] + [(n, 1) for n in nodes]
     out: dict[str, Any] = {"steady_s": steady, "points": []}
     for nnodes, nproc in points:
-        # two jobs per launcher where a job is short, one where it is 30-50 s (64 workers,
-        # 32 agents: each is about a minute of the run for both launchers)
-        reps = 1 if smoke or nnodes * nproc > 8 else 2
+        # one job per point and launcher (the whole run must stay under 15 minutes; 32 agents
+        # is about 50 s a job), two at the cheap points both curves start from
+        reps = 2 if not smoke and nnodes * nproc <= 2 else 1
         timeout = curve_timeout(nnodes, nproc)
         runs = alternate(reps, ["torchrun", "fsm"], lambda L, a=nnodes, w=nproc, t=timeout:
                          _curve_job(L, a, w, steady, t))
