@@ -636,6 +636,10 @@ class RunRecorder:
     folds them). ``fields``: called per step for extra record fields (the agent's
     ``trace_fields``: diagnostics). ``analysis()`` reads it as one lane."""
 
+    #: Ticks that change nothing fold into one record, so an agent need not tick just for it
+    #: (the torch agent then waits longer while nothing can change).
+    every_tick = False
+
     def __init__(self, *, fields: Callable[[], Mapping[str, Any]] | None = None,
                  **static: Any) -> None:
         self._fields = fields

@@ -206,6 +206,11 @@ class _AgentRef:
 
     agent: Any = None
     current: dict[str, Any] = {}  # noqa: RUF012 - replaced, never mutated
+    #: A listener that only reads fields: the agent need not tick for it.
+    every_tick: ClassVar[bool] = False
+
+    def __call__(self, step: Any) -> None:
+        self.before_step(step)
 
     def fields(self) -> dict[str, Any]:
         fields = getattr(self.agent, "trace_fields", None)
@@ -364,7 +369,7 @@ def main(argv: Sequence[str]) -> int:
         # What the end-of-run summary reads: this agent's steps, kept in memory (folded).
         recorder = RunRecorder(fields=ref.step_fields, node=socket.gethostname(),
                                pid=os.getpid(), run_id=config.run_id)
-        listeners: list[Callable[..., Any]] = [ref.before_step]
+        listeners: list[Callable[..., Any]] = [ref]
         if args.trace:
             writer = _trace_listener(args.trace, lifecycle_spec, config.run_id, ref, args,
                                      params=params)

@@ -435,11 +435,15 @@ class LifecycleAgentMixin:
     def _fsm_ticks_seen(self) -> bool:
         # Whether anything besides this agent sees each tick: lifecycle listeners (a trace
         # writer records every tick; the agent's own _follow_step is always the first), or the
-        # hang watchdog (ours reports a hang on the next tick).
+        # hang watchdog (ours reports a hang on the next tick). A listener with a false
+        # `every_tick` attribute (the run summary's recorder: it folds the ticks that change
+        # nothing) does not need a tick when nothing can change.
         lifecycle = self._lifecycle
-        if self._lifecycle_listeners or getattr(self, "_worker_watchdog", None) is not None:
+        if lifecycle is None or getattr(self, "_worker_watchdog", None) is not None:
             return True
-        return lifecycle is None or len(getattr(lifecycle, "_listeners", ((), ()))) > 1
+        added = tuple(getattr(lifecycle, "_listeners", ()))[1:]
+        return any(getattr(fn, "every_tick", True)
+                   for fn in (*self._lifecycle_listeners, *added))
 
     def _fsm_wake(self) -> None:
         # From torch's keep-alive thread: the rendezvous state was refreshed, look at it now.

@@ -168,7 +168,8 @@ def torch_metrics() -> Iterator[_Metrics]:
         metrics.configure(metrics.NullMetricHandler(), group="torchelastic")
 
 
-def _run_agent(tmp_path: Path, crash_after: float, run_for: float, max_restarts: int) -> Any:
+def _run_agent(tmp_path: Path, crash_after: float, run_for: float, max_restarts: int,
+               listeners: tuple[Any, ...] = ()) -> Any:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -180,7 +181,8 @@ def _run_agent(tmp_path: Path, crash_after: float, run_for: float, max_restarts:
                       args=(str(script), str(crash_after), str(run_for)), rdzv_handler=handler,
                       max_restarts=max_restarts, monitor_interval=0.05, master_addr="127.0.0.1")
     agent = FSMElasticAgent(spec, DefaultLogsSpecs(log_dir=str(tmp_path / "logs")),
-                            lifecycle_spec="torchrun", exit_barrier_timeout=5)
+                            lifecycle_spec="torchrun", exit_barrier_timeout=5,
+                            listeners=listeners)
     try:
         result = agent.run("trainer")
     finally:
@@ -209,3 +211,31 @@ def test_with_a_metrics_handler_every_tick_looks_as_under_torch(
     looks = names.count("LocalElasticAgent._monitor_workers.success")
     ticks = sum(names.count(f"workers.trainer.{s}") for s in ("healthy", "failed", "succeeded"))
     assert looks == ticks == agent._fsm_quiet.looks > 10
+
+
+class _Steps:
+    """A lifecycle listener that counts the steps it sees."""
+
+    def __init__(self, every_tick: bool) -> None:
+        self.every_tick = every_tick
+        self.steps = 0
+
+    def __call__(self, step: Any) -> None:
+        self.steps += 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("every_tick", [True, False])
+def test_a_listener_sees_every_tick_unless_it_says_it_folds_them(
+    tmp_path: Path, every_tick: bool
+) -> None:
+    # fsm-agent run's run-summary recorder folds quiet ticks (every_tick = False): it must not
+    # keep the agent ticking; a listener that says nothing (a trace writer) sees every tick.
+    listener = _Steps(every_tick)
+    agent, result = _run_agent(tmp_path, crash_after=0.2, run_for=1.5, max_restarts=1,
+                               listeners=(listener,))
+    assert result.state == WorkerState.SUCCEEDED
+    if every_tick:
+        assert listener.steps > 25  # 1.5 s of 0.05 s ticks
+    else:
+        assert agent._fsm_quiet.looks < 20 and listener.steps < 20

@@ -103,6 +103,12 @@ def main() -> None:
         return
     if rank == 0:
         return
+    # Fail only once rank 0 has written its record: torch stops it as soon as this rank fails,
+    # and a record that a slower start did not get to write would differ between runs.
+    peer = os.path.join(env["OUT_DIR"], f"attempt{attempt}_rank0.json")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(peer) and time.monotonic() < deadline:
+        time.sleep(0.02)
     if mode == "raise":
         raise ValueError(f"uncaught failure in attempt {attempt}")
     if mode == "record":
