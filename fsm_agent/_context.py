@@ -102,6 +102,8 @@ class Context:
     def refresh_budget(self) -> None:
         """Recount ``remaining_restarts`` for a sliding window or a job-wide budget (a no-op for
         an agent's budget over the whole job)."""
+        if self.window == math.inf and self.budget_scope != "job":
+            return  # torch's count: nothing to recount (every tick comes through here)
         if self.restarts_withdrawn:
             self.remaining_restarts = 0
             return

@@ -9,7 +9,6 @@ and time comes from the lifecycle's clock.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import time
@@ -21,7 +20,7 @@ from ._clock import Clock, SystemClock
 from ._compile import compile_spec, guard_value
 from ._errors import ActionError, LifecycleError, TriggerInterrupt
 from ._load import load_spec
-from ._params import bind_params
+from ._params import bind_params, check_settings
 from ._spec import (
     ALWAYS_TRIGGER,
     FAILURE_TRIGGERS,
@@ -29,7 +28,7 @@ from ._spec import (
     TIMEOUT_TRIGGER,
     Spec,
 )
-from ._step import ActionRecord, Listener, Step
+from ._step import ActionRecord, Listener, Step, failed_result
 from ._vocabulary import Context
 
 if TYPE_CHECKING:
@@ -41,8 +40,6 @@ __all__ = ["ActionRecord", "Lifecycle", "Listener", "Step", "compile_spec"]
 
 log = logging.getLogger("fsm_agent")
 
-_DRIVER_METHODS = ("rendezvous", "start_workers", "stop_workers", "monitor",
-                   "num_nodes_waiting", "exit_barrier", "put_metric")
 # Shared defaults: seeding a Random per lifecycle would cost more than the rest of building one.
 _CLOCK = SystemClock()
 _RNG = random.Random()
@@ -91,19 +88,8 @@ class Lifecycle:
         clock: Clock | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
-        # torch accepts 0 (the barrier then waits for nobody: it passes only if every agent is
-        # already there); negative and NaN are refused here, not later at the barrier.
-        if (isinstance(exit_barrier_timeout, bool) or not isinstance(exit_barrier_timeout, (int,
-                float)) or not exit_barrier_timeout >= 0):
-            raise ValueError(f"exit_barrier_timeout must be a number of seconds >= 0, got "
-                             f"{exit_barrier_timeout!r}")
-        if not isinstance(role, str) or not role:
-            raise ValueError(f"role must be a non-empty string, got {role!r}")
-        missing = [m for m in _DRIVER_METHODS if not callable(getattr(driver, m, None))]
-        if missing:
-            raise TypeError(f"driver {type(driver).__name__} lacks {', '.join(missing)}")
+        check_settings(driver, role=role, max_restarts=max_restarts,
+                       exit_barrier_timeout=exit_barrier_timeout)
         self.spec: Spec = load_spec(spec)
         bound = bind_params(self.spec.params, params, path=self.spec.path)
         values = {**bound, "max_restarts": max_restarts,
@@ -278,13 +264,21 @@ class Lifecycle:
 
     def _fire(self, trigger: str) -> None:
         compiled, ctx = self._compiled, self._ctx
+        # A tick that may stay put, with nobody recording it, is decided before any of the
+        # step's bookkeeping (a stay-put needs none); its guard values are kept for the machine.
+        stay = None if self._listeners else self._fast(trigger, fresh=True)
+        if stay:
+            return
+        evaluated = stay is not None
         while True:
             source, started = ctx.state, ctx.clock.now()
             event = compiled.events.get(trigger)
             if event is None or ctx.state not in event.transitions:
                 raise LifecycleError(f"[{ctx.role}] spec {self.spec.name!r} has no transition on "
                                      f"{trigger!r} from {ctx.state}")
-            ctx.memo.clear()
+            if not evaluated:
+                ctx.memo.clear()
+            evaluated = False
             step = None
             if self._listeners:
                 step = ctx.step = Step(trigger=trigger, source=ctx.state, wall_time=time.time(),
@@ -345,22 +339,34 @@ class Lifecycle:
                           f"no transition on it: {err}", action="?", trigger=err.trigger,
                           source=source, dest=dest) from err
 
-    def _fast(self, trigger: str) -> bool:
-        """Take an action-less stay-put transition without transitions' machinery, if enabled.
-
-        Guard values are memoised, so when it is not enabled the machine's own evaluation reuses
-        them (the driver is asked once, as torch does)."""
+    def _fast(self, trigger: str, fresh: bool = False) -> bool | None:
+        """Take an action-less stay-put transition without transitions' machinery, if enabled
+        (None: there is none; ``fresh``: a new step, and a guard's fault ends the lifecycle).
+        Guard values stay memoised for the machine (the driver is asked once, as torch does)."""
         ctx = self._ctx
-        plan = self._compiled.fast.get((ctx.state, trigger))
-        if plan is None:
-            return False
         state = ctx.state
+        plan = self._compiled.fast.get((state, trigger))
+        if plan is None:
+            return None
+        if fresh:
+            ctx.memo.clear()
 
         def edge() -> tuple[str, str, str]:
             return trigger, state, state
 
-        return all(guard_value(ctx, g, edge) for g in plan[0]) and not any(
-            guard_value(ctx, g, edge) for g in plan[1])
+        try:  # loops, not all()/any(): the generators cost a third of a healthy tick
+            for g in plan[0]:
+                if not guard_value(ctx, g, edge):
+                    return False
+            for g in plan[1]:  # noqa: SIM110
+                if guard_value(ctx, g, edge):
+                    return False
+            return True
+        except BaseException:
+            if fresh:
+                self._done = True
+                self._settle()
+            raise
 
     def _settle(self) -> None:
         ctx = self._ctx
@@ -368,19 +374,9 @@ class Lifecycle:
         ctx.deadline = None
         if ctx.state not in self._compiled.finals:
             return
-        obs, api = ctx.observed, _torch_types
-        if obs is None and self._compiled.reported[ctx.state] == "FAILED":  # ended before a tick
-            obs = api().RunResult(state=api().WorkerState.FAILED)
-        if obs is not None and self._compiled.reported[ctx.state] == "FAILED" \
-                and obs.state.name != "FAILED":
-            # Giving up always reports FAILED: torch 2.13 returns the raw UNHEALTHY result here,
-            # which its launcher then reports as a success.
-            failed = type(obs.state)["FAILED"]
-            obs = (dataclasses.replace(obs, state=failed)
-                   if dataclasses.is_dataclass(obs) and not isinstance(obs, type)
-                   else _torch_types().RunResult(state=failed,
-                                                 return_values=dict(obs.return_values),
-                                                 failures=dict(obs.failures)))
+        obs = ctx.observed
+        if self._compiled.reported[ctx.state] == "FAILED":
+            obs = failed_result(obs, _torch_types)
         self._result = obs
 
     def _notify(self, step: Step) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "ParamSpec",
     "Ref",
     "bind_params",
+    "check_settings",
     "coerce",
     "format_param",
     "format_seconds",
@@ -263,3 +264,26 @@ def bind_params(
     if problems:
         raise SpecError(problems)
     return values
+
+
+_DRIVER_METHODS = ("rendezvous", "start_workers", "stop_workers", "monitor",
+                   "num_nodes_waiting", "exit_barrier", "put_metric")
+
+
+def check_settings(driver: Any, *, role: Any, max_restarts: Any,
+                   exit_barrier_timeout: Any) -> None:
+    """A ``Lifecycle``'s own settings (not the spec's parameters): ``ValueError`` or
+    ``TypeError`` naming the one that is wrong."""
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    # torch accepts 0 (the barrier then waits for nobody: it passes only if every agent is
+    # already there); negative and NaN are refused here, not later at the barrier.
+    if (isinstance(exit_barrier_timeout, bool) or not isinstance(exit_barrier_timeout, (int,
+            float)) or not exit_barrier_timeout >= 0):
+        raise ValueError(f"exit_barrier_timeout must be a number of seconds >= 0, got "
+                         f"{exit_barrier_timeout!r}")
+    if not isinstance(role, str) or not role:
+        raise ValueError(f"role must be a non-empty string, got {role!r}")
+    missing = [m for m in _DRIVER_METHODS if not callable(getattr(driver, m, None))]
+    if missing:
+        raise TypeError(f"driver {type(driver).__name__} lacks {', '.join(missing)}")

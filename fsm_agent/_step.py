@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 
-__all__ = ["ActionRecord", "Listener", "Step"]
+__all__ = ["ActionRecord", "Listener", "Step", "failed_result"]
 
 
 @attrs.define(slots=True)
@@ -48,3 +49,18 @@ class Step:
 
 
 Listener = Callable[[Step], None]
+
+
+def failed_result(obs: Any, api: Callable[[], Any]) -> Any:
+    """The result of a lifecycle that gave up: always in state FAILED (torch 2.13 returns the raw
+    UNHEALTHY result here, which its launcher then reports as a success), and a FAILED result
+    when it ended before any tick. ``api()``: torch's agent API module, imported on need."""
+    if obs is None:
+        return api().RunResult(state=api().WorkerState.FAILED)
+    if obs.state.name == "FAILED":
+        return obs
+    failed = type(obs.state)["FAILED"]
+    if dataclasses.is_dataclass(obs) and not isinstance(obs, type):
+        return dataclasses.replace(obs, state=failed)
+    return api().RunResult(state=failed, return_values=dict(obs.return_values),
+                           failures=dict(obs.failures))
