@@ -280,12 +280,14 @@ class TorchDriver:
         the waiters wait for ``last_member``)."""
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 
+        from fsm_agent.torch._job import STORE_ERRORS
+
         store = getattr(self.agent, "_store", None)
         if store is None:
             return
         try:
             store.set(f"{_TERMINAL_STATE_SYNC_ID}/last_member", "<val_ignored>")
-        except Exception:  # the store is gone: so are the waiters' barriers
+        except STORE_ERRORS:  # the store is gone: so are the waiters' barriers
             logger.debug("could not release the exit barrier", exc_info=True)
 
     def capture_stacks(self) -> None:

@@ -46,9 +46,16 @@ from fsm_agent._job import (
     Store,
 )
 
-__all__ = ["JOB_FAILED", "AgentJob", "JobFailed", "RendezvousStoreLost", "round_of", "store_of"]
+__all__ = ["JOB_FAILED", "STORE_ERRORS", "AgentJob", "JobFailed", "RendezvousStoreLost", "round_of",
+           "store_of"]
 
 logger = logging.getLogger("fsm_agent.torch")
+
+#: What a failed store call raises (torch's ``DistError`` family, ``MemoryStore``'s
+#: ``ConnectionError``, timeouts). Never ``Exception``: torch turns a termination signal into
+#: ``SignalException`` wherever the main thread is, often inside a store call, and the agent must
+#: end as the signal says, not as if the store were lost.
+STORE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, OSError)
 
 
 def store_of(handler: Any) -> Store | None:
@@ -115,7 +122,7 @@ class AgentJob:
             return self.lost
         try:
             return self.channel.poll(force=force)
-        except Exception as e:  # DistNetworkError and friends: the store's host is gone
+        except STORE_ERRORS as e:  # DistNetworkError and friends: the store's host is gone
             self.lost = JobOutcome(
                 exit_code=1, node=self.channel.node,
                 reason=f"the rendezvous store is unreachable ({type(e).__name__}: "
@@ -137,7 +144,7 @@ class AgentJob:
         if outcome is None and restart:
             try:
                 finishing = self.channel.finishing()
-            except Exception:
+            except STORE_ERRORS:
                 finishing = False  # the next check() finds the store lost
             if finishing:
                 outcome = self.announce(1, "a node already finished (it is at its exit barrier): "
@@ -151,7 +158,7 @@ class AgentJob:
             return self.outcome
         try:
             won = self.channel.announce(exit_code, reason)
-        except Exception as e:
+        except STORE_ERRORS as e:
             self.check(force=True)
             if self.lost is None:
                 self.lost = JobOutcome(exit_code=exit_code, node=self.channel.node,
@@ -167,7 +174,7 @@ class AgentJob:
         if self.on_announced is not None:
             try:
                 self.on_announced()
-            except Exception:
+            except STORE_ERRORS:
                 logger.debug("on_announced failed", exc_info=True)
 
     # -- the budget (TorchDriver's JobDriver methods) ----------------------------------------
@@ -203,7 +210,7 @@ class AgentJob:
         """This agent's workers succeeded and it waits at the exit barrier."""
         try:
             self.channel.mark_finishing()
-        except Exception:
+        except STORE_ERRORS:
             self.check(force=True)
 
     # -- the end -----------------------------------------------------------------------------
@@ -221,7 +228,7 @@ class AgentJob:
             if not self.channel.wait_acks(expected, timeout, **kwargs):
                 logger.warning("[%s] not every agent acknowledged the job's outcome within "
                                "%.3g s; leaving anyway", self.role, timeout)
-        except Exception:
+        except STORE_ERRORS:
             logger.debug("[%s] store gone while waiting for acknowledgements", self.role,
                          exc_info=True)
 

@@ -197,3 +197,25 @@ def test_an_announced_failure_fails_even_an_agent_whose_workers_succeeded() -> N
     assert job.check() is not None
     failed = job_failure(_Agent(job), _Result(False))
     assert isinstance(failed, JobFailed) and failed.exit_code == 3 and not failed.store_lost
+
+
+def test_a_signal_during_a_store_call_is_the_signal_not_a_lost_store() -> None:
+    # torch raises SignalException from its handler wherever the main thread is; a poll of the
+    # store is a common place. The agent must end as the signal says (128+N), not as lost.
+    pytest.importorskip("torch")
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from fsm_agent.torch._job import AgentJob
+
+    class SignalledStore(MemoryStore):
+        def check(self, keys: list[str]) -> bool:
+            raise SignalException("Process 1 got signal: 2", sigval=signal.SIGINT)
+
+    job = AgentJob(JobChannel(SignalledStore(), "s", "n", poll_interval=0.0))
+    with pytest.raises(SignalException):
+        job.check(force=True)
+    assert job.lost is None and job.outcome is None
+    with pytest.raises(SignalException):
+        job.rendezvous_poll(restart=False)
