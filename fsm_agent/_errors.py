@@ -27,9 +27,18 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = self.path if self.line is None else f"{self.path}:{self.line}"
-        element = f" {self.element}:" if self.element else ""
-        return f"{where}:{element} {self.message}"
+        path, element, message = (_printable(x) for x in (self.path, self.element, self.message))
+        where = path if self.line is None else f"{path}:{self.line}"
+        element = f" {element}:" if element else ""
+        return f"{where}:{element} {message}"
+
+
+def _printable(text: str) -> str:
+    # A key or file name from hostile input may hold control or invisible characters (a BOM,
+    # a newline): escaped, so that a problem stays one readable line.
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class SpecError(ValueError):

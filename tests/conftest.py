@@ -72,6 +72,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--long", default=False):
+        long = pytest.mark.skip(reason="long: run with --long")
+        for item in items:
+            if item.get_closest_marker("long") is not None:
+                item.add_marker(long)
     if TORCH_INSTALLED:
         return
     skip = pytest.mark.skip(reason="needs torch at run time (not installed)")
@@ -88,7 +93,9 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--long", action="store_true", default=False,
-                     help="conformance: run 100,000 differential scripts per preset")
+                     help="conformance: run 100,000 differential scripts per preset; run the "
+                          "tests marked long (every TLC configuration of every preset)")
+
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -147,3 +147,14 @@ def test_check_command_passes_presets_and_rejects_broken_specs() -> None:
     for path in BAD:
         line, _ = _expectation(path)
         assert f"{path}:{line}:" in bad.stderr, path
+
+
+def test_a_problem_with_invisible_characters_stays_one_printable_line(tmp_path: Path) -> None:
+    # found by tests/reliability/test_input_fuzz.py: a key holding a byte-order mark
+    path = tmp_path / "bom.yaml"
+    path.write_bytes(b"na\xef\xbb\xbfme: x\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    text = str(info.value)
+    assert all(line.isprintable() for line in text.splitlines()), text
+    assert "na\\ufeffme" in text

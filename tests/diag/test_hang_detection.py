@@ -36,11 +36,12 @@ def test_a_deadlock_is_detected_its_stacks_saved_and_the_group_restarted(
     waiting = job.records("a0_r*_waiting.json")
     assert len(waiting) == 2
     # detected within hang_timeout + one sample period of the later rank starting to wait
-    # (plus 0.25 s: the agent's wake-ups run late on a loaded 2-core machine)
+    # (plus 0.5 s: the agent's wake-ups and the step's start run late on a busy 2-core machine;
+    # measured 3.0 to 3.3 s when quiet, docs/diagnosis.md)
     started = max(float(w["time"]) for w in waiting)  # type: ignore[arg-type]
     latency = float(hung["wall_time"]) - started  # type: ignore[arg-type]
     period = sample_period_for(TIMEOUT)
-    assert TIMEOUT <= latency <= TIMEOUT + period + 0.25, latency
+    assert TIMEOUT <= latency <= TIMEOUT + period + 0.5, latency
     assert hung["source"] == "HEALTHY" and hung["dest"] == "UNHEALTHY"
     actions = hung["actions"]
     assert isinstance(actions, list) and [a["name"] for a in actions] == ["capture_stacks"]

@@ -40,11 +40,19 @@ def _explain(result: TLCResult) -> str:
     return f"{result.verdict}\n{result.trace[-6000:] or result.output[-3000:]}"
 
 
+def _marks(preset: str, config: str) -> list[pytest.MarkDecorator]:
+    # CI: every preset's invariants with every fault (n2-faults), and three agents and
+    # termination for resilient, whose job-wide budget is what they exercise; the torch presets
+    # share the protocol's other lines with it. `pytest --long` runs the whole matrix.
+    if config == "n2-faults":
+        return []
+    return [pytest.mark.slow] + ([] if preset == "resilient" else [pytest.mark.long])
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("config", [
-    pytest.param(name, marks=[pytest.mark.slow] if name != "n2-faults" else [])
-    for name in sorted(CONFIGS)])
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize(("preset", "config"), [
+    pytest.param(preset, name, marks=_marks(preset, name), id=f"{preset}-{name}")
+    for preset in PRESETS for name in sorted(CONFIGS)])
 def test_tlc_finds_no_error_in_the_presets(preset: str, config: str) -> None:
     result = check_protocol(preset, **CONFIGS[config])  # type: ignore[arg-type]
     assert result.ok, _explain(result)
