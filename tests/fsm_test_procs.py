@@ -175,6 +175,24 @@ class Job:
         """Wait until the job's output contains ``text``."""
         self._until(lambda: text in self.output, timeout, f"{text!r} not in the output")
 
+    def final_message(self) -> str:
+        """The launcher's one-line verdict (the run summary may follow it)."""
+        lines = [x for x in self.output.splitlines() if x.startswith("fsm-agent run: ")]
+        assert lines, self.output[-3000:]
+        return lines[-1]
+
+    def wait_listening(self, port: int, timeout: float) -> None:
+        """Wait until this job (the first agent of several) hosts the rendezvous store on
+        ``port``; fail if it ends first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            assert self.poll() is None, self.output[-3000:]
+            time.sleep(0.05)
+        pytest.fail(f"nobody listens on {port}:\n{self.output[-3000:]}")
+
 
 def _default_signals() -> None:
     # A launcher started from a non-interactive shell's background job inherits SIGINT ignored;

@@ -4,15 +4,13 @@ unique module name: several test directories have a ``conftest`` module."""
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from fsm_test_procs import FAST, Job, Jobs, free_port, jobs_fixture
 
-__all__ = ["NODE_WORKER", "Job", "Jobs", "jobs", "nodes", "wait_listening"]
+__all__ = ["NODE_WORKER", "Job", "Jobs", "jobs", "nodes"]
 
 NODE_WORKER = Path(__file__).parent / "scripts" / "node_worker.py"
 SHUTDOWN_TIMEOUT = 3
@@ -35,15 +33,3 @@ def nodes(n: int, *extra: str, port: int | None = None, run_id: str = "job") -> 
 
 def port_of(args: Sequence[str]) -> int:
     return int(args[args.index("--rdzv-endpoint") + 1].rsplit(":", 1)[1])
-
-
-def wait_listening(port: int, job: Job, timeout: float) -> None:
-    """Wait until the first agent hosts the rendezvous store on ``port``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        assert job.poll() is None, job.output[-3000:]
-        time.sleep(0.05)
-    pytest.fail(f"nobody listens on {port}:\n{job.output[-3000:]}")

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from job_helpers import Job, Jobs, nodes, port_of, wait_listening
+from job_helpers import Job, Jobs, nodes, port_of
 
 PRESETS = ("torchelastic", "torchrun", "resilient")
 
@@ -21,19 +21,12 @@ def _spec_args(preset: str) -> list[str]:
 
 def _two(jobs: Jobs, args: list[str], env: dict[str, str]) -> tuple[Job, Job]:
     host = jobs.start(args, env=env, name="node_a")
-    wait_listening(port_of(args), host, 60)  # the first agent hosts the rendezvous store
+    host.wait_listening(port_of(args), 60)  # the first agent hosts the rendezvous store
     return host, jobs.start(args, env=env, name="node_b")
 
 
 def _starts(job: Job) -> list[dict[str, object]]:
     return job.records("start_*.json")
-
-
-def _final_message(job: Job) -> str:
-    """The launcher's one-line verdict (the run summary may follow it)."""
-    lines = [x for x in job.output.splitlines() if x.startswith("fsm-agent run: ")]
-    assert lines, job.output[-3000:]
-    return lines[-1]
 
 
 @pytest.mark.timeout(120)
@@ -54,7 +47,7 @@ def test_a_give_up_ends_both_nodes_with_the_same_code(jobs: Jobs, preset: str) -
     gave_up = [j for j in (a, b) if "announced to every agent" in j.output]
     assert len(gave_up) == 1, out[-4000:]
     other = b if gave_up[0] is a else a
-    assert _final_message(other).startswith("fsm-agent run: the job failed:"), \
+    assert other.final_message().startswith("fsm-agent run: the job failed:"), \
         other.output[-2000:]
 
 
@@ -90,7 +83,7 @@ def test_a_fast_rejoin_cannot_bypass_max_restarts_0(jobs: Jobs) -> None:
     slow_stop = ["--shutdown-timeout", "15"]
     a = jobs.start([*args, *slow_stop], env={"SLEEP": "120", "TRAP_TERM": "ignore"},
                    name="node_a")
-    wait_listening(port_of(args), a, 60)
+    a.wait_listening(port_of(args), 60)
     b = jobs.start(args, env={"SLEEP": "120"}, name="node_b")
     for job in (a, b):
         job.wait_for("start_*.json", 1, 60)
@@ -102,7 +95,7 @@ def test_a_fast_rejoin_cannot_bypass_max_restarts_0(jobs: Jobs) -> None:
     assert rc_a == rc_again == 1, out[-5000:]
     assert not _starts(again), "the new agent started workers in a job that was over"
     assert len(_starts(a)) == 1, "node a restarted its workers"
-    last = _final_message(again)
+    last = again.final_message()
     assert last.startswith("fsm-agent run: the job failed: the job's restart budget is spent"), \
         again.output[-3000:]
     assert "the job failed" in a.output, a.output[-3000:]
@@ -123,7 +116,7 @@ def test_the_store_host_dying_ends_every_agent_with_a_clear_message(jobs: Jobs) 
             os.kill(int(rec["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
     rc = other.wait(30)
     took = time.monotonic() - killed
-    last = _final_message(other)
+    last = other.final_message()
     assert rc == 1, other.output[-3000:]
     assert took < 10, f"{took:.1f} s after the store's host died"
     assert last.startswith("fsm-agent run: the rendezvous store is unreachable"), last

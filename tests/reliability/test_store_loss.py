@@ -13,29 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import time
 
 import pytest
 from reliability_helpers import FAST, Job, Jobs, free_port, wait_gone
-
-
-def wait_listening(port: int, job: Job, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        assert job.poll() is None, job.output
-        time.sleep(0.05)
-    pytest.fail(f"nobody listens on {port}:\n{job.output[-3000:]}")
-
-
-def final_message(job: Job) -> str:
-    """The launcher's one-line verdict (the run summary follows it)."""
-    lines = [x for x in job.output.splitlines() if x.startswith("fsm-agent run: ")]
-    assert lines, job.output[-3000:]
-    return lines[-1]
 
 
 def kill_host(host: Job) -> None:
@@ -56,7 +37,7 @@ def test_survivor_at_the_exit_barrier_leaves_when_the_store_host_dies(jobs: Jobs
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loss",
               "--exit-barrier-timeout", "60", "--shutdown-timeout", "3", *FAST]
     host = jobs.start(common, env={"SLEEP": "120"}, name="host")
-    wait_listening(port, host, 80)  # the first agent binds the endpoint: it hosts the store
+    host.wait_listening(port, 80)  # the first agent binds the endpoint: it hosts the store
     survivor = jobs.start(common, env={"SPAWN_CHILD": "1"}, name="survivor")
     survivor.wait_output("Waiting 60 seconds for other agents", 80)
     [rec] = survivor.records("*_start.json")
@@ -84,7 +65,7 @@ def test_survivor_in_rendezvous_leaves_when_the_store_host_dies(jobs: Jobs) -> N
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "loss2",
               "--rdzv-conf", "join_timeout=40", *FAST]
     host = jobs.start(common, name="host")
-    wait_listening(port, host, 80)
+    host.wait_listening(port, 80)
     survivor = jobs.start(common, name="survivor")
     survivor.wait_output("Rendezvous'ing worker group", 80)
     time.sleep(2)  # let it join the round
@@ -93,7 +74,7 @@ def test_survivor_in_rendezvous_leaves_when_the_store_host_dies(jobs: Jobs) -> N
     rc = survivor.wait(60)
     took = time.monotonic() - killed
     out = survivor.output
-    last = final_message(survivor)
+    last = survivor.final_message()
     assert rc == 1, out[-3000:]
     assert took < 40, f"{took:.1f} s (join timeout 40 s)"
     # The rendezvous' join loop polls the store (docs/job-protocol.md): the lost store is the
