@@ -536,6 +536,14 @@ def render_curves(curves: dict[str, Any], add: Callable[[str], None]) -> None:
     add("")
 
 
+def _save(fig: Any, path: Path, plt: Any, dpi: int = 110) -> str:
+    """Lay out, write and close one figure; its path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return str(path)
+
+
 def plot(results: dict[str, Any], where: Path = PLOTS) -> list[str]:
     """PNGs into ``where`` (the doc's ``performance/`` folder)."""
     try:
@@ -559,11 +567,7 @@ def plot(results: dict[str, Any], where: Path = PLOTS) -> list[str]:
         ax.set_yscale("log")
         ax.set_ylabel("worker exit -> FAILED observed (ms, log)")
         ax.set_title("Failure detection latency")
-        fig.tight_layout()
-        path = where / "detection.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(fig, where / "detection.png", plt))
 
     rst = results.get("restart")
     if rst:
@@ -583,11 +587,7 @@ def plot(results: dict[str, Any], where: Path = PLOTS) -> list[str]:
         ax.set_ylabel("ms (medians)")
         ax.set_title("Restart latency: crash -> restarted workers in user code")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = where / "restart_phases.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(fig, where / "restart_phases.png", plt))
 
     scale = results.get("scale")
     if rst or scale:
@@ -619,11 +619,7 @@ def plot(results: dict[str, Any], where: Path = PLOTS) -> list[str]:
         ax.set_ylabel("restart latency (ms, median)")
         ax.set_title("Restart latency vs job size")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        path = where / "scale.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(_save(fig, where / "scale.png", plt))
 
     curves = results.get("curves")
     if curves and curves.get("points"):
@@ -679,12 +675,7 @@ def plot_curves(curves: dict[str, Any], where: Path, plt: Any) -> list[str]:
             ax.set_ylabel(ylabel, fontsize=8)
             ax.legend(fontsize=7)
     fig.suptitle("Cost as the work grows (monitor interval 0.1 s)")
-    fig.tight_layout()
-    written = []
-    path = where / "curves.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    written.append(str(path))
+    written = [_save(fig, where / "curves.png", plt, dpi=100)]
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     single = [p for p in axes_of["workers"] if p["nproc"] == 1]
@@ -701,11 +692,7 @@ def plot_curves(curves: dict[str, Any], where: Path, plt: Any) -> list[str]:
     ax.set_ylabel("store requests/s, all agents")
     ax.set_title("Store load vs agents")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = where / "store_requests.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(str(path))
+    written.append(_save(fig, where / "store_requests.png", plt))
     return written
 
 
