@@ -269,16 +269,16 @@ class Lifecycle:
         stay = None if self._listeners else self._fast(trigger, fresh=True)
         if stay:
             return
-        evaluated = stay is not None
+        evaluated = stay is not None  # the fast path said no: the machine decides, same guards
         while True:
             source, started = ctx.state, ctx.clock.now()
             event = compiled.events.get(trigger)
             if event is None or ctx.state not in event.transitions:
                 raise LifecycleError(f"[{ctx.role}] spec {self.spec.name!r} has no transition on "
                                      f"{trigger!r} from {ctx.state}")
-            if not evaluated:
+            fresh_step, evaluated = not evaluated, False
+            if fresh_step:
                 ctx.memo.clear()
-            evaluated = False
             step = None
             if self._listeners:
                 step = ctx.step = Step(trigger=trigger, source=ctx.state, wall_time=time.time(),
@@ -288,7 +288,7 @@ class Lifecycle:
                     step.observed = obs.state.name
                     step.failures = getattr(obs, "failures", None) or {}
             try:
-                taken = self._fast(trigger) or event.trigger(ctx)
+                taken = (fresh_step and self._fast(trigger)) or event.trigger(ctx)
             except TriggerInterrupt as err:
                 # An action ended early on purpose (the job is over): the machine takes the
                 # interrupt's trigger from where it stands, if it can.

@@ -201,16 +201,13 @@ def _loopback_endpoint(endpoint: str | None) -> bool:
 
 class _AgentRef:
     """The agent, once ``launch`` has built it: the trace's ``group_rank`` and ``diagnostics``
-    are read from it, once per step (:meth:`before_step`, the first listener), for every record
+    are read from it, once per step (:meth:`__call__`: it is the first listener), for every record
     of that step (the trace file's and the end-of-run summary's)."""
 
     agent: Any = None
     current: dict[str, Any] = {}  # noqa: RUF012 - replaced, never mutated
     #: A listener that only reads fields: the agent need not tick for it.
     every_tick: ClassVar[bool] = False
-
-    def __call__(self, step: Any) -> None:
-        self.before_step(step)
 
     def fields(self) -> dict[str, Any]:
         fields = getattr(self.agent, "trace_fields", None)
@@ -219,7 +216,7 @@ class _AgentRef:
         group = getattr(self.agent, "_worker_group", None)
         return {} if group is None else {"group_rank": group.group_rank}
 
-    def before_step(self, step: Any) -> None:
+    def __call__(self, step: Any) -> None:
         self.current = self.fields()
 
     def step_fields(self) -> dict[str, Any]:

@@ -441,9 +441,9 @@ class LifecycleAgentMixin:
         lifecycle = self._lifecycle
         if lifecycle is None or getattr(self, "_worker_watchdog", None) is not None:
             return True
-        added = tuple(getattr(lifecycle, "_listeners", ()))[1:]
+        # the lifecycle's listeners: the agent's own _follow_step, then every other one
         return any(getattr(fn, "every_tick", True)
-                   for fn in (*self._lifecycle_listeners, *added))
+                   for fn in getattr(lifecycle, "_listeners", ())[1:])
 
     def _fsm_wake(self) -> None:
         # From torch's keep-alive thread: the rendezvous state was refreshed, look at it now.
