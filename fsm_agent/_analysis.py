@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._matchers import stopped_by_torch
 from ._spec import Spec
 from ._trace import Trace, TraceRecord, step_record
 
@@ -451,7 +452,7 @@ def _blame(f: FailureInfo) -> tuple[bool, float, bool]:
     a stopped rank often looks earlier than the one that crashed (or ties with it). So a SIGTERM
     comes after any other failure, and at equal times one with an error file comes first.
     """
-    return (f.exitcode == -signal.SIGTERM, _num(f.timestamp, math.inf), f.error_file is None)
+    return (stopped_by_torch(f), _num(f.timestamp, math.inf), f.error_file is None)
 
 
 def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = None

@@ -16,7 +16,8 @@ from typing import Any
 
 from ._context import Context, Guard, Kind
 
-__all__ = ["ACTION_KINDS", "GUARD_KINDS", "error_type", "exit_code", "signal_name"]
+__all__ = ["ACTION_KINDS", "GUARD_KINDS", "error_type", "exit_code", "signal_name",
+           "stopped_by_torch"]
 
 _RANKS = ("all", "any")
 _TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*)\s*(?::|$)")
@@ -50,6 +51,12 @@ def error_type(failure: Any) -> str | None:
     return m.group(1) if m else None
 
 
+def stopped_by_torch(failure: Any) -> bool:
+    """Whether the rank ended by SIGTERM: what torch sends the other ranks once one failed, and
+    then lists among the failures too."""
+    return exit_code(failure) == -signal.SIGTERM
+
+
 def _failures(ctx: Context) -> list[Any]:
     """The ranks that failed. When one rank fails, torch stops the others with SIGTERM and
     lists them among the failures too (exit code -15): those are left out unless every listed
@@ -58,7 +65,7 @@ def _failures(ctx: Context) -> list[Any]:
     if not failures:
         return []
     listed = list(failures.values())
-    own = [f for f in listed if exit_code(f) != -signal.SIGTERM]
+    own = [f for f in listed if not stopped_by_torch(f)]
     return own or listed
 
 

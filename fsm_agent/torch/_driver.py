@@ -240,7 +240,7 @@ class TorchDriver:
         job = self.job
         if job is not None and job.check(force=True) is not None:
             assert job.outcome is not None
-            if job.channel.outcome is None:
+            if job.only_store_lost:
                 # Only the store is lost: a barrier error, as when torch's own barrier finds
                 # the store gone (logged, the outcome stands; fsm_agent.torch._launch).
                 raise RendezvousStoreLost(job.outcome.reason)

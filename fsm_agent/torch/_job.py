@@ -112,6 +112,11 @@ class AgentJob:
         return self.channel.outcome or self.lost
 
     @property
+    def only_store_lost(self) -> bool:
+        """Whether the store became unreachable with no outcome announced on it."""
+        return self.lost is not None and self.channel.outcome is None
+
+    @property
     def poll_interval(self) -> float:
         """How often the waits look at the store."""
         return self.channel.poll_interval

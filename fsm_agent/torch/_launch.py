@@ -71,7 +71,7 @@ def job_failure(agent: Any, result: Any = None) -> Exception | None:
     job = getattr(agent, "job", None)
     if job is None or job.outcome is None or job.announced_here:
         return None
-    if job.channel.outcome is None and result is not None and not result.is_failed():
+    if job.only_store_lost and result is not None and not result.is_failed():
         return None
     return JobFailed(job.outcome, store_lost=job.lost is not None)
 
