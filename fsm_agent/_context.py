@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -144,6 +144,10 @@ class ActionDef:
     terminal: bool = False
 
 
+def _name_set(names: Iterable[str]) -> frozenset[str]:
+    return frozenset(names)
+
+
 @attrs.frozen
 class Kind:
     """A parameterised guard or action: typed arguments, and a factory that builds it from them.
@@ -152,6 +156,10 @@ class Kind:
     ``int_list``, or ``guard``/``guard_list`` for combinators); ``positional`` is the argument
     a bare value fills (``{exit_code_in: [3]}``); ``factory(**args)`` returns the guard or
     action, and may raise ``ValueError`` for a value it cannot use (the spec check reports it).
+    ``user_only`` names the arguments a spec file may not set: a command to run, a host to probe.
+    A spec is data someone may hand you, so there it can only name a parameter whose default is
+    empty; the value comes from the user who runs the job (``--spec-param``) or from Python code
+    the user registers (a vocabulary).
     """
 
     factory: Callable[..., Callable[[Context], Any]]
@@ -161,6 +169,7 @@ class Kind:
     choices: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict, converter=frozen_mapping)
     terminal: bool = False
     description: str = ""
+    user_only: frozenset[str] = attrs.field(default=frozenset(), converter=_name_set)
 
     def instantiate(self, args: Mapping[str, Any], values: Mapping[str, Any]) -> Callable[..., Any]:
         """The guard or action for ``args`` (values, or ``Ref``s resolved against ``values``)."""

@@ -300,12 +300,14 @@ GUARD_KINDS: dict[str, Kind] = {
                       description="at least `min_free` (10GB, 500MiB) free on every path"),
     "store_reachable": Kind(_store_kind, {"timeout": "duration", "endpoint": "str"}, "timeout",
                             {"endpoint": ""},
-                            description="the rendezvous store (or `endpoint`) answers within "
-                            "`timeout`"),
+                            description="the rendezvous store (or `endpoint`, a parameter the "
+                            "user sets) answers within `timeout`",
+                            user_only={"endpoint"}),
     "command_succeeds": Kind(_command_kind, {"command": "str", "timeout": "duration"},
                              "command", {"timeout": 60.0},
-                             description="the command exits 0 within `timeout` (an empty "
-                             "command passes)"),
+                             description="the command (a parameter the user sets; empty "
+                             "passes) exits 0 within `timeout`",
+                             user_only={"command"}),
 }
 
 #: ``leave_job``: the terminal action of a node that failed its health checks.

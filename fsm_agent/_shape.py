@@ -19,6 +19,7 @@ from ._params import (
     ParamSpec,
     Ref,
     coerce,
+    format_value,
     kind_of,
 )
 from ._policy import DEFAULT_OUTCOMES, compile_policy
@@ -393,6 +394,8 @@ class _Shape:
                 if ref is not None and allowed and ref.name is None and ref.value not in allowed:
                     self.problem(w, f"{ref.value!r} is not one of {', '.join(allowed)}")
                     ref = None
+                if ref is not None and arg in kind.user_only:
+                    ref = self._user_only(arg, ref, w)
                 ok = ok and ref is not None
                 out[arg] = ref
         missing = [a for a in kind.args if a not in out and a not in kind.defaults]
@@ -400,6 +403,26 @@ class _Shape:
             self.problem(where, f"missing argument(s) {', '.join(missing)}")
             ok = False
         return out if ok else None
+
+    def _user_only(self, arg: str, ref: Ref, where: tuple[Any, ...]) -> Ref | None:
+        """``ref`` if a spec may give it for ``arg``, an argument only the user sets: a literal
+        (other than empty) or a parameter whose default is not empty would let a spec file on its
+        own run a command or probe a host."""
+        how = (f"a spec cannot set {arg!r} itself (a spec is data and never runs a command or "
+               "probes a host of its own): name a parameter whose default is empty, which the "
+               "user who runs the job sets with --spec-param NAME=VALUE")
+        if ref.name is None:
+            if ref.value:
+                self.problem(where, f"{how}; got {format_value(ref.value)}")
+                return None
+            return ref
+        param = self.params.get(ref.name)
+        if param is not None and param.default:
+            self.problem(("params", ref.name, "default"),
+                         f"parameter {ref.name!r} is the {arg!r} of a guard, so its default must "
+                         f"be empty: {how}; got {format_value(param.default)}")
+            return None
+        return ref
 
     def _budget(self, value: Any) -> BudgetSpec:
         where = ("budget",)

@@ -56,6 +56,10 @@ def test_store_reachable_needs_an_answer_not_just_a_port() -> None:
     assert time.monotonic() - t0 < 10
 
 
+#: The health command the tests give with --spec-param (a spec cannot name one itself).
+UNLESS_UNHEALTHY = "sh -c 'test -z \"$FSM_TEST_UNHEALTHY\"'"
+
+
 def test_the_checks_budget_must_fit_the_rendezvous_join_timeout(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from fsm_agent.cli import main
@@ -75,7 +79,8 @@ def test_a_late_node_failing_a_check_leaves_and_the_job_goes_on(
     endpoint = f"127.0.0.1:{free_port()}"
     args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", endpoint, "--rdzv-id", "health", "--rdzv-conf",
-            "last_call_timeout=1", "--monitor-interval", "0.1", "--spec", str(SPEC)]
+            "last_call_timeout=1", "--monitor-interval", "0.1", "--spec", str(SPEC),
+            "--spec-param", f"health_command={UNLESS_UNHEALTHY}"]
     first = jobs.start([*args, "--trace", str(tmp_path / "first.jsonl")], ENV_WORKER,
                        env={"SLEEP": "8"}, name="first")
     [alone] = first.wait_for("*.json", 1, 60)

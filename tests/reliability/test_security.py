@@ -133,3 +133,63 @@ def test_trace_files_are_json_data_only(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match=":2: not valid JSON"):
         read_trace(trace)
     assert not marker.exists()
+
+
+def _spec_naming(tmp_path: Path, how: str, marker: Path) -> Path:
+    """The resilient preset, changed as a spec someone hands you might be: it names a command
+    (or a host to probe) itself, as a literal or as a parameter's default."""
+    base = (Path(__file__).parents[2] / "specs" / "resilient.yaml").read_text()
+    command = f'"touch {marker}"'
+    if how == "literal command":
+        text = base.replace("command: health_command,", f"command: {command},", 1)
+    elif how == "default command":
+        text = base.replace('health_command:\n    type: str\n    default: ""',
+                            f"health_command:\n    type: str\n    default: {command}", 1)
+    else:  # a host and port of the spec's choosing
+        text = base.replace("store_reachable: 10s",
+                            "store_reachable: {timeout: 10s, endpoint: '10.0.0.1:22'}", 1)
+    assert text != base
+    path = tmp_path / "handed.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("how", ["literal command", "default command", "literal endpoint"])
+def test_a_spec_alone_never_runs_a_command_or_probes_a_host(tmp_path: Path, how: str) -> None:
+    import subprocess
+    import sys
+
+    marker = tmp_path / "pwned"
+    spec = _spec_naming(tmp_path, how, marker)
+    lines = spec.read_text().splitlines()
+    line = next(i for i, x in enumerate(lines, 1) if "pwned" in x or "10.0.0.1" in x)
+    cli = [sys.executable, "-m", "fsm_agent"]
+    runs = {
+        "check": ([*cli, "check", str(spec)], 1),
+        "run": ([*cli, "run", "--standalone", "--nproc-per-node", "1", "--spec", str(spec),
+                 "--no-python", "true"], 2),
+        "demo": ([*cli, "demo", "--spec", str(spec)], 2),
+        "conformance": ([*cli, "conformance", "tests.conformance.test_resilient:MixinResilient",
+                         "--spec", str(spec), "--examples", "1"], 2),
+    }
+    for name, (argv, rc) in runs.items():
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                             cwd=Path(__file__).parents[2])
+        assert res.returncode == rc, (name, res.stdout, res.stderr)
+        # one line, naming the file and the line that sets it, and how to give it instead
+        assert f"{spec}:{line}:" in res.stderr and "--spec-param" in res.stderr, (name, res.stderr)
+        assert "Traceback" not in res.stderr
+    assert not marker.exists()
+
+
+def test_the_user_gives_the_health_command_with_spec_param(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    marker = tmp_path / "ran"
+    res = subprocess.run([sys.executable, "-m", "fsm_agent", "run", "--standalone",
+                          "--nproc-per-node", "1", "--spec", "resilient", "--spec-param",
+                          f"health_command=touch {marker}", "--no-python", "true"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert marker.exists()  # the user's own command ran, before the first rendezvous
