@@ -60,7 +60,8 @@ def main() -> int:
             log.close()
     print(f"agents exited {codes}; logs in {out}")
     traces = [str(out / "node0.jsonl"), str(out / "node1.jsonl")]
-    subprocess.run([*FSM, "report", *traces, "-o", str(out / "report.html")], check=True)
+    logs = [a for name in ("node0", "node1") for a in ("--log-dir", str(out / f"logs-{name}"))]
+    subprocess.run([*FSM, "report", *traces, *logs, "-o", str(out / "report.html")], check=True)
     subprocess.run([*FSM, "report", *traces, "--format", "text"], check=True)
     if args.screenshot:
         browser = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Sequence
 
 __all__ = [
     "FileRefused",
@@ -20,6 +21,7 @@ __all__ = [
     "printable",
     "printable_lines",
     "read_bounded",
+    "read_under",
     "require_regular",
 ]
 
@@ -123,6 +125,24 @@ def read_bounded(path: str | os.PathLike[str], limit: int, what: str = "file") -
     if total > limit:
         raise FileRefused(shown, f"{what} is larger than {limit} bytes", errno.EFBIG)
     return b"".join(chunks)
+
+
+def read_under(path: str, roots: Sequence[str], limit: int, what: str = "file") -> bytes:
+    """``read_bounded`` for a path that untrusted input names (a trace's stack file), and only
+    if it lies under one of ``roots``, the directories the user named; ``FileRefused`` otherwise.
+
+    Both sides are resolved first (``realpath``), so neither ``..`` nor a symbolic link under a
+    root that points outside it can reach another file.
+    """
+    real = os.path.realpath(path)
+    for root in roots:
+        top = os.path.realpath(root)
+        if os.path.commonpath([top, real]) == top:
+            return read_bounded(real, limit, what)
+    if not roots:
+        raise FileRefused(path, "not read: a trace names it (pass the directory it is in to "
+                          "read it)", errno.EACCES)
+    raise FileRefused(path, f"not read: outside {', '.join(roots)}", errno.EACCES)
 
 
 def printable(text: object, limit: int = 200) -> str:

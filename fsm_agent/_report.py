@@ -27,6 +27,7 @@ from ._analysis import (
     describe_failure,
     fmt_seconds,
 )
+from ._files import printable_lines, read_under
 
 __all__ = ["render_html"]
 
@@ -47,6 +48,8 @@ COLOURS: dict[str, tuple[str, str]] = {
 }
 #: How many lines of each stack dump the page embeds.
 MAX_STACK_LINES = 400
+#: The most of one stack file read (py-spy's dump of one process is a few kB).
+MAX_STACK_BYTES = 1 << 20
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0;
@@ -268,16 +271,19 @@ def _lost(a: JobAnalysis) -> str:
             f"</tr>{rows}</table>")
 
 
-def _stack_section(stacks: Sequence[Mapping[str, Any]]) -> str:
+def _stack_section(stacks: Sequence[Mapping[str, Any]], log_dirs: Sequence[str]) -> str:
     parts = []
     for s in stacks:
         path = str(s.get("path"))
         try:
-            with open(path, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
+            # A trace is untrusted: the path it names is read only under a directory the user
+            # named (--log-dir), bounded, and a regular file only.
+            raw = read_under(path, log_dirs, MAX_STACK_BYTES, "stack file")
         except OSError as e:
-            text = f"(cannot read {path}: {e.strerror})"
+            text = ("(not read; fsm-agent report --log-dir DIR embeds the stacks saved under DIR)"
+                    if not log_dirs else f"(cannot read {path}: {e.strerror})")
         else:
+            lines = printable_lines(raw.decode("utf-8", "replace"), 1000).splitlines()
             text = "\n".join(lines[:MAX_STACK_LINES])
             if len(lines) > MAX_STACK_LINES:
                 text += f"\n... ({len(lines) - MAX_STACK_LINES} more lines in the file)"
@@ -311,9 +317,12 @@ def render_html(
     taken: Sequence[tuple[str, int]] = (),
     sources: Sequence[str] = (),
     title: str | None = None,
+    log_dirs: Sequence[str] = (),
 ) -> str:
     """The report page for ``a``. ``diagram_svg``: the spec's diagram with the path (inlined);
-    ``taken``: the transitions taken, shown as a table when there is no drawing."""
+    ``taken``: the transitions taken, shown as a table when there is no drawing; ``log_dirs``:
+    the directories whose files (hung workers' stacks) the page may embed; a file the traces name
+    elsewhere is only named."""
     name = title or f"fsm-agent report: {a.spec_name or 'job'}"
     budget = (f"{a.restarts_used} / {a.restart_budget}" if a.restart_budget is not None
               else str(a.restarts_used))
@@ -347,7 +356,7 @@ def render_html(
         _diagram(_inline_svg(diagram_svg) if diagram_svg else None, taken),
     ]
     if stacks:
-        body += ["<h2>Stacks of hung workers</h2>", _stack_section(stacks)]
+        body += ["<h2>Stacks of hung workers</h2>", _stack_section(stacks, log_dirs)]
     if files:
         body += ["<h2>Error files</h2>", f"<ul id='error-files'>{files}</ul>"]
     return ("<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"

@@ -51,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="html (default with -o) or text (the summary, on stdout)")
     add_spec_option(parser, "--spec", default=None, params=False,
                     help="spec file or preset name (default: the one each trace names)")
+    parser.add_argument("--log-dir", action="append", default=[], metavar="DIR",
+                        help="the run's log directory (fsm-agent run --log-dir; repeat for "
+                        "several nodes): embed the hung workers' stacks saved under it. A trace "
+                        "is untrusted input: without this, no file it names is opened")
     return parser
 
 
@@ -74,7 +78,10 @@ def _report(argv: list[str]) -> int:
     if fmt == "text":
         sys.stdout.write(format_text(analysis))
         return OK
-    page = _html(analysis, traces, specs, args.traces)
+    for d in args.log_dir:
+        if not os.path.isdir(d):
+            raise UsageError(f"--log-dir {d}: not a directory")
+    page = _html(analysis, traces, specs, args.traces, args.log_dir)
     out = args.output or "report.html"
     if out == "-":
         sys.stdout.write(page)
@@ -90,7 +97,7 @@ def _report(argv: list[str]) -> int:
 
 
 def _html(analysis: object, traces: Sequence[Trace], specs: dict[int, Spec],
-          sources: Sequence[str]) -> str:
+          sources: Sequence[str], log_dirs: Sequence[str] = ()) -> str:
     from .._analysis import JobAnalysis
     from .._diagram import DiagramEngineMissing, Highlight, highlight_from_replay, render
     from .._replay import replay
@@ -115,7 +122,7 @@ def _html(analysis: object, traces: Sequence[Trace], specs: dict[int, Spec],
     except DiagramEngineMissing:
         svg = None
     return render_html(analysis, diagram_svg=svg, taken=taken,
-                       sources=[os.path.abspath(s) for s in sources])
+                       sources=[os.path.abspath(s) for s in sources], log_dirs=log_dirs)
 
 
 def main(argv: Sequence[str]) -> int:

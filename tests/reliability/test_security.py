@@ -193,3 +193,47 @@ def test_the_user_gives_the_health_command_with_spec_param(tmp_path: Path) -> No
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert marker.exists()  # the user's own command ran, before the first rendezvous
+
+
+def test_the_report_opens_no_file_a_trace_names_outside_the_log_dirs_given(
+        tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-LINE\n")
+    logs = tmp_path / "logs"
+    (logs / "stacks").mkdir(parents=True)
+    good = logs / "stacks" / "rank_0.txt"
+    good.write_text("Thread 42 (idle): MainThread\n    deadlocked_here (train.py:7)\n\x1b[31m\n")
+    (logs / "stacks" / "link.txt").symlink_to(secret)
+    fifo = logs / "stacks" / "fifo.txt"
+    os.mkfifo(fifo)
+    named = [secret, Path("/dev/zero"), fifo, logs / "stacks" / "link.txt",
+             logs / "stacks" / ".." / ".." / "secret.txt", good]
+    data = Path(__file__).parents[1] / "tools" / "data" / "fail_once_recover.jsonl"
+    records = [json.loads(x) for x in data.read_text().splitlines()]
+    step = next(r for r in records if r.get("observed") == "FAILED")
+    step["diagnostics"] = {"stacks": [{"rank": i, "pid": 100 + i, "path": str(p),
+                                       "method": "py-spy"} for i, p in enumerate(named)]}
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(r) + "\n" for r in records))
+    fsm = [sys.executable, "-m", "fsm_agent", "report", str(trace)]
+    # without --log-dir: every stack file is named, none is read
+    res = subprocess.run([*fsm, "-o", str(tmp_path / "plain.html")], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "plain.html").read_text()
+    assert "TOP-SECRET" not in page and "deadlocked_here" not in page
+    assert str(good) in page and "--log-dir" in page
+    # with it: only the regular file under it, its control characters escaped; no hang on the
+    # FIFO, no endless read of /dev/zero, neither the link nor .. leads out
+    res = subprocess.run([*fsm, "--log-dir", str(logs), "-o", str(tmp_path / "logs.html")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "logs.html").read_text()
+    assert "deadlocked_here" in page and "TOP-SECRET" not in page and "\x1b" not in page
+    assert page.count("not read: outside") == 4 and "a FIFO" in page, page
+    res = subprocess.run([*fsm, "--log-dir", str(secret)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "--log-dir" in res.stderr
