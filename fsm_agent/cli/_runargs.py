@@ -28,6 +28,8 @@ __all__ = ["ArgError", "check_args", "parse_args"]
 # Rendezvous settings (--rdzv-conf KEY=VALUE) that are durations in seconds.
 _RDZV_DURATIONS = ("join_timeout", "last_call_timeout", "close_timeout", "timeout",
                    "read_timeout", "keep_alive_interval", "heartbeat")
+# Keys only one backend reads: any value passes through to the others, as under torchrun.
+_RDZV_BACKEND_ONLY = {"timeout": "etcd"}
 _RDZV_COUNTS = ("keep_alive_max_attempt",)
 _NPROC_NAMES = ("auto", "cpu", "gpu", "xpu")
 
@@ -73,7 +75,7 @@ def _nnodes(value: str) -> None:
         raise ArgError(f"--nnodes must be N or MIN:MAX with 1 <= MIN <= MAX, got {value!r}")
 
 
-def _rdzv_conf(value: str) -> None:
+def _rdzv_conf(value: str, backend: str) -> None:
     if not value.strip():
         return
     for item in value.split(","):
@@ -81,6 +83,8 @@ def _rdzv_conf(value: str) -> None:
         key = key.strip()
         if not key or not sep:
             raise ArgError(f"--rdzv-conf must be KEY=VALUE[,KEY=VALUE...], got {item!r}")
+        if _RDZV_BACKEND_ONLY.get(key, backend) != backend:
+            continue
         if key in _RDZV_DURATIONS:
             _seconds(f"--rdzv-conf {key}", val.strip())
         elif key in _RDZV_COUNTS and (not val.strip().isdigit() or int(val) < 1):
@@ -89,6 +93,9 @@ def _rdzv_conf(value: str) -> None:
 
 def _script(args: argparse.Namespace) -> None:
     script = args.training_script
+    if args.module and args.no_python:
+        # torch refuses the pair too, later and as a traceback
+        raise ArgError("--no-python and -m/--module cannot be used together")
     if args.module:
         top = script.split(".", 1)[0]
         path = [os.getcwd(), *sys.path]
@@ -178,7 +185,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ArgError(f"--node-rank must be >= 0, got {args.node_rank}")
     if args.master_port is not None and not 0 <= args.master_port <= 65535:
         raise ArgError(f"--master-port must be a port number (0-65535), got {args.master_port}")
-    _rdzv_conf(args.rdzv_conf)
+    _rdzv_conf(args.rdzv_conf, args.rdzv_backend)
     _log_dir(args.log_dir)
     _trace_file(getattr(args, "trace", None))
     if getattr(args, "trace_backups", 1) < 0:

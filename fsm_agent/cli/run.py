@@ -422,5 +422,9 @@ def main(argv: Sequence[str]) -> int:
         print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
         return FAILED
     finally:
+        # The agent holds ref among its listeners: drop ref's hold, or the agent and its
+        # rendezvous stores live on in a cycle when main is called in-process, until a garbage
+        # collection that may run in a child forked later, where ~TCPStore aborts or hangs.
+        ref.agent = None
         for close in closers:
             close()

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from torch.distributed.elastic.agent.server.health_check_server import HealthCheckServer
     from torch.distributed.launcher.api import LaunchConfig
 
     from fsm_agent import Listener, Spec
@@ -88,6 +89,7 @@ def launch(
     lifecycle_params: Mapping[str, Any] | None = None,
     isolate_worker_store: bool = True,
     preload: Sequence[str] = (),
+    health_check_server: HealthCheckServer | None = None,
 ) -> dict[int, Any]:
     """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
 
@@ -102,7 +104,9 @@ def launch(
     as under torchrun (docs/runner.md says why the default gives them a fresh one).
     ``preload``: modules imported once in a template process that forks the
     script workers (``fsm_agent.torch._preload``; a module that cannot be preloaded is logged
-    and the workers start cold).
+    and the workers start cold). ``health_check_server``: as torch's ``launch_agent``, a
+    server the caller started (before a long rendezvous, say) that the agent then answers
+    through; without one the agent starts its own when ``TORCHELASTIC_HEALTH_CHECK_PORT`` is set.
 
     Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
@@ -173,7 +177,13 @@ def launch(
         lifecycle_params=lifecycle_params,
         isolate_worker_store=isolate_worker_store,
         preload=preload,
+        **({} if health_check_server is None else {"health_check_server": health_check_server}),
     )
+    # As torch: a server started before the agent existed answered with the current time until
+    # now; from here on it reports the agent's own progress.
+    delegate = getattr(getattr(health_check_server, "alive_callback", None), "set_delegate", None)
+    if callable(delegate):
+        delegate(agent._get_alive_time)
     if on_agent is not None:
         on_agent(agent)
     shutdown_rdzv = True
@@ -188,6 +198,9 @@ def launch(
                 raise failed from e
             if not isinstance(e, WorkerGroupFailureException) or not e.failures:
                 raise
+            # The workers failed, the agent did not: the one launcher event torch records for
+            # a failed result (and the torchrun preset, which returns it), under every preset.
+            events.record(agent.get_event_succeeded(), config.event_log_handler)
             raise ChildFailedError(name=entrypoint_name, failures=e.failures) from e
         failed = job_failure(agent, result)
         if failed is not None:

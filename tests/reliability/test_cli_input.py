@@ -63,6 +63,10 @@ CASES = {
     "zero-shutdown-timeout": (["--shutdown-timeout", "0"], "--shutdown-timeout must be > 0"),
     "negative-shutdown-timeout": (["--shutdown-timeout", "-3"], "--shutdown-timeout"),
     "zero-rdzv-timeout": (["--rdzv-conf", "join_timeout=0"], "--rdzv-conf join_timeout"),
+    "zero-etcd-timeout": (["--rdzv-backend", "etcd", "--rdzv-conf", "timeout=0"],
+                          "--rdzv-conf timeout must be > 0"),
+    "no-python-and-module": (["--no-python", "-m"],
+                             "--no-python and -m/--module cannot be used together"),
     "bad-rdzv-conf": (["--rdzv-conf", "oops"], "--rdzv-conf must be KEY=VALUE"),
     "inverted-nnodes": (["--nnodes", "3:2"], "--nnodes must be N or MIN:MAX"),
     "zero-nproc": (["--nproc-per-node", "0"], "--nproc-per-node must be an integer >= 1"),
@@ -78,6 +82,17 @@ def test_bad_flag_value(case: str, script: Path, no_start: None,
     line = run_bad([*flags, str(script)], capsys)
     assert expected in line, line
     assert not (script.parent / "ran").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_key_only_etcd_reads_is_not_checked_for_another_backend(
+        script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``timeout`` is etcd v1's; c10d ignores it, and torchrun runs with ``timeout=0``."""
+    from fsm_agent.cli._runargs import parse_args
+
+    args = parse_args(_run.build_parser(), ["--rdzv-backend", "c10d", "--rdzv-conf",
+                                            "timeout=0,join_timeout=5", str(script)])
+    assert args.rdzv_conf == "timeout=0,join_timeout=5"
 
 
 @pytest.mark.timeout(60)

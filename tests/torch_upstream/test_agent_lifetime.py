@@ -94,3 +94,59 @@ def test_finished_agent_is_freed_by_reference_counting(
     alive = [name for name, ref in refs.items() if ref() is not None]
     assert not alive, f"still referenced after run() ({case}): {alive}"
     assert listening_ports() <= before
+
+
+# Run in a fresh interpreter: the CLI configures logging, and the child it forks must start from
+# a process where only `main` ran. With the collector off, whatever `main` left behind is still
+# there for the child's collection to meet.
+_FORK_AFTER_MAIN = r"""
+import gc, os, sys, weakref
+from fsm_agent.torch import FSMElasticAgent
+from fsm_agent.cli import main
+from upstream_helpers import listening_ports
+
+gc.collect()
+gc.disable()
+made = []
+init = FSMElasticAgent.__init__
+def tracked(self, *a, **kw):
+    init(self, *a, **kw)
+    made.append(weakref.ref(self))
+FSMElasticAgent.__init__ = tracked
+before = listening_ports()
+rc = main(["run", "--standalone", "--nproc-per-node", "1", "--spec", sys.argv[1],
+           "--max-restarts", "0", "--no-python", sys.executable, "-c", sys.argv[2]])
+alive = sum(ref() is not None for ref in made)
+ports = sorted(listening_ports() - before)
+pid = os.fork()
+if pid == 0:
+    gc.collect()  # ~TCPStore here aborts or hangs when main leaked its agent
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(f"rc={rc} made={len(made)} alive={alive} ports={ports} child={status}", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("preset", "code", "rc"), [
+    ("torchelastic", HAPPY, 0), ("torchrun", SAD, 1), ("resilient", SAD, 1)])
+def test_in_process_cli_run_leaves_nothing_for_a_forked_child(preset: str, code: str,
+                                                              rc: int) -> None:
+    """Issue 26, bug 1: ``fsm_agent.cli.main(["run", ...])`` called in-process held its agent in
+    a cycle (the CLI's reference to it was one of the agent's listeners); a child forked later
+    met its TCPStores in its first collection and aborted or hung."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    try:
+        res = subprocess.run([sys.executable, "-c", _FORK_AFTER_MAIN, preset, code], env=env,
+                             capture_output=True, text=True, timeout=90, start_new_session=True)
+    except subprocess.TimeoutExpired as e:  # the child hung in ~TCPStore
+        raise AssertionError(f"hung after main returned: {e.stdout!r}") from e
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"rc={rc} made=1 alive=0 ports=[] child=0" in res.stdout, (res.stdout,
+                                                                       res.stderr[-2000:])
