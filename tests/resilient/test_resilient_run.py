@@ -116,7 +116,12 @@ def test_sigterm_during_a_backoff_stops_everything_at_once(jobs: Jobs, tmp_path:
                      env={"SPAWN_CHILD": "1"})
     [first] = job.wait_for("a0_r0_start.json", 1, 60)
     job.wait_output("restarting in", 60)  # the failure was counted: the backoff has begun
-    into = [s for s in steps(trace) if s["dest"] == "BACKOFF"]
+    # The log line is written by the BACKOFF step's action, the trace record after that action:
+    # wait for the record rather than read the trace at once (issue 28, item 3).
+    deadline = time.monotonic() + 30
+    while not (into := [s for s in steps(trace) if s["dest"] == "BACKOFF"]):
+        assert time.monotonic() < deadline, steps(trace)
+        time.sleep(0.05)
     assert len(into) == 1, steps(trace)
     # The workers were stopped before the backoff: nothing of the attempt runs during it.
     pids = [int(first["pid"]), int(first["child_pid"])]  # type: ignore[call-overload]
