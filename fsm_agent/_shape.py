@@ -85,6 +85,9 @@ _STATE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Words a duration may be written as: never parameter names.
 _DURATION_WORDS = frozenset({"inf", "infinity", "never"})
 _NUMERIC = ("int", "float", "duration")
+# A name of the embedding program's own is unknown only until it is registered: say how.
+_OWN_NAMES = ("; one of your program's own: register it in a fsm_agent.Vocabulary, "
+              "--vocabulary MODULE:ATTR")
 
 
 class Findings:
@@ -539,13 +542,15 @@ class _Shape:
         for i, name in enumerate(names):
             if name not in self.actions:
                 self.problem((*where, i),
-                             f"unknown action {name!r} (known: {', '.join(sorted(self.actions))})")
+                             f"unknown action {name!r} (known: {', '.join(sorted(self.actions))}"
+                             f"{_OWN_NAMES})")
 
     def _check_guards(self, names: Sequence[str], where: tuple[Any, ...]) -> None:
         for i, g in enumerate(names):
             if g not in self.guards:
                 self.problem((*where, i),
-                             f"unknown guard {g!r} (known: {', '.join(sorted(self.guards))})")
+                             f"unknown guard {g!r} (known: {', '.join(sorted(self.guards))}"
+                             f"{_OWN_NAMES})")
 
     def _state_ref(self, name: Any, where: tuple[Any, ...]) -> str | None:
         if not isinstance(name, str) or name not in self.states:

@@ -25,6 +25,7 @@ import attrs
 from .._analysis import RunRecorder, format_text
 from .._errors import SpecError
 from .._health import LeftJob
+from .._load import preset_names
 from .._trace import TraceWriter
 from ..torch._job import JobFailed
 from ..torch._launch import launch
@@ -48,8 +49,8 @@ EXAMPLES = (
     "fsm-agent run --standalone --nproc-per-node 2 train.py       # one node, as torchrun",
     "fsm-agent run --nnodes 1:4 --rdzv-backend c10d --rdzv-endpoint HOST:29400 "
     "--max-restarts 3 train.py",
-    "fsm-agent run --spec torchrun --trace run.jsonl --standalone train.py; "
-    "fsm-agent replay run.jsonl",
+    "fsm-agent run --spec resilient --spec-param backoff_initial=5s --trace run.jsonl "
+    "--standalone train.py; fsm-agent replay run.jsonl",
 )
 
 
@@ -70,9 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--spec",
         dest="lifecycle_spec",
         metavar="NAME|PATH",
-        help="Lifecycle spec: a preset name (torchelastic, torchrun) or a YAML file. "
+        help=f"Lifecycle spec: a preset name ({', '.join(preset_names())}) or a YAML file. "
         "Default: torchelastic (exit barrier also on failure, then a failure summary); "
-        "torchrun reproduces torch 2.x.",
+        "torchrun reproduces torch 2.x; resilient adds policies (backoff, exit codes not to "
+        "retry, health checks, ...), each a parameter set with --spec-param "
+        "(fsm-agent check --bounds resilient lists them with their values).",
     )
     group.add_argument(
         "--exit-barrier-timeout",

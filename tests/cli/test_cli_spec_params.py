@@ -207,3 +207,21 @@ def test_vocabulary_errors_are_one_line(command: str, ref: str, wanted: str, cus
     line = one_error_line(capsys, command)
     assert f"--vocabulary {ref}" in line or "--vocabulary must be" in line, line
     assert wanted in line, line
+
+
+def test_check_names_every_guard_of_a_custom_spec_and_how_to_register_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28, item 6: a spec written for a program's own guards, checked without them."""
+    import re
+
+    count = iter(range(1, 100))
+    text = re.sub(r"\bhas_restarts_left\b", lambda _: f"mine_{next(count)}",
+                  (ROOT / "specs" / "torchrun.yaml").read_text())
+    (tmp_path / "mine.yaml").write_text(text)
+    assert main(["check", str(tmp_path / "mine.yaml")]) == 1
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    used = next(count) - 1
+    assert used >= 3 and len(lines) == used, lines
+    for n, line in enumerate(lines, 1):
+        assert f"unknown guard 'mine_{n}'" in line and "--vocabulary MODULE:ATTR" in line, line
