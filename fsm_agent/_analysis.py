@@ -455,6 +455,11 @@ def _blame(f: FailureInfo) -> tuple[bool, float, bool]:
     return (stopped_by_torch(f), _num(f.timestamp, math.inf), f.error_file is None)
 
 
+def _began(x: Incident) -> float:
+    """When an incident began: when its agent saw it, or when the hang it detected began."""
+    return x.start - x.hang_idle
+
+
 def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = None
             ) -> JobAnalysis:
     """Merge the lifecycles in ``traces`` (one lane per agent: node and pid) into one analysis.
@@ -516,13 +521,14 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
     gave_up = [x for x in failing if x.decision is not None and x.decision.outcome in
                ("gave up", "aborted")]
     pool = gave_up or failing
-    root_incident = min(pool, key=lambda x: x.start) if pool else None
+    # The first incident of the job, across agents, is the root: the others are its cascade (a
+    # peer's "connection closed", a later crash). Incidents are ordered by when the agent saw
+    # them (a hang: when it stopped making progress), not by the failures' own timestamps, which
+    # torch truncates to the second. Within it, the rank to blame first (_blame).
+    root_incident = min(pool, key=_began) if pool else None
     root = None
-    if pool:
-        candidates = [(f, x) for x in pool for f in x.failures]
-        if candidates:
-            f, x = min(candidates, key=lambda fx: (*_blame(fx[0]), fx[1].start, fx[0].rank))
-            root, root_incident = f, x
+    if root_incident is not None and root_incident.failures:
+        root = min(root_incident.failures, key=lambda f: (*_blame(f), f.rank))
     lost: dict[str, tuple[float, int]] = {}
     for x in incidents:
         s, k = lost.get(x.cause, (0.0, 0))

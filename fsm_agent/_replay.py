@@ -187,6 +187,11 @@ def _is_terminal(spec: Spec, name: str) -> bool:
     return kind is not None and kind.terminal
 
 
+def _remaining_or(remaining: int | None, default: int) -> int:
+    """The previous step's ``remaining_restarts``, or ``default`` before the first step."""
+    return default if remaining is None else remaining
+
+
 def _check_step(
     spec: Spec,
     rec: TraceRecord,
@@ -202,7 +207,13 @@ def _check_step(
 
     ``window``: the budget counts restarts within a finite window, so ``remaining_restarts``
     may have gone back up since the previous step (by at most what ``max_restarts`` allows).
+    A budget of the job (``budget: {scope: job}``) is counted once per round for every agent
+    (``fsm_agent._driver.JobDriver``): another agent may have spent some of it between two steps
+    of this one, and this agent's ``consume_restart`` spends nothing when another agent already
+    counted the round's failure. One agent's trace then bounds ``remaining_restarts`` only from
+    above (never up, but for a window); the job's count is the report's, across traces.
     """
+    shared = spec.budget.scope == "job"
     where = f"step {n} (line {rec.line})"
     move = f"{rec.source} --{rec.trigger}--> {rec.dest}"
     if rec.source != state:
@@ -246,6 +257,8 @@ def _check_step(
         and values["has_restarts_left"] != (remaining > 0)
         # Restarts leaving the window give some back: only "none left" can change.
         and not (window and remaining == 0)
+        # The other agents spend a job's budget too: only "some left" can change.
+        and not (shared and remaining > 0)
     ):
         return None, (f"{where}: guard has_restarts_left was recorded "
                           f"{values['has_restarts_left']}, but {remaining} restart(s) were left "
@@ -293,14 +306,20 @@ def _check_step(
     if restarts is not None and new_restarts != restarts + consumed:
         return chosen, (f"{where}: restart_count went from {restarts} to {new_restarts}, but the "
                         f"step consumed {consumed} restart(s)")
-    if remaining is not None and not window and new_remaining != remaining - consumed:
+    if shared and not window and not 0 <= new_remaining <= _remaining_or(remaining,
+                                                                         new_remaining):
+        return chosen, (f"{where}: remaining_restarts went from {remaining} to {new_remaining}; "
+                        "a budget of the job never gives restarts back without a window")
+    if (not shared and remaining is not None and not window
+            and new_remaining != remaining - consumed):
         return chosen, (f"{where}: remaining_restarts went from {remaining} to {new_remaining}, "
                         f"but the step consumed {consumed} restart(s)")
     if remaining is not None and window:
         # Restarts inside the window: at most the previous ones plus those consumed now, at
-        # least those consumed now.
-        low = max(0, remaining - consumed)
-        high = None if max_restarts is None else max(0, max_restarts - consumed)
+        # least those consumed now (none, when the other agents spend the budget too).
+        low = 0 if shared else max(0, remaining - consumed)
+        high = (None if max_restarts is None
+                else max_restarts if shared else max(0, max_restarts - consumed))
         if new_remaining < low or (high is not None and new_remaining > high):
             bound = (f"between {low} and {high}" if high is not None else f"at least {low}")
             return chosen, (f"{where}: remaining_restarts went from {remaining} to "

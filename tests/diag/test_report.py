@@ -139,3 +139,26 @@ def test_the_readme_example_two_agents_hang_crash_and_recover(tmp_path: Path) ->
     causes = [r.find_all("td")[3].text for r in doc.find_all("tr", cls="incident-row")]
     assert "hang" in causes and "exit code 1 (ValueError)" in causes, causes
     assert doc.find_all("details", cls="stack")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_the_demo_traces_replay_and_the_root_cause_is_the_first_failure(tmp_path: Path) -> None:
+    """Issue 28, items 1 and 2, on a real two-agent run: the job-wide budget one agent spent is
+    no divergence in the other's trace, and the hang that came first is the root cause, not the
+    peer's "connection closed" or the later ValueError."""
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, str(REPO / "examples" / "report_demo.py"), str(out)],
+                          capture_output=True, text=True, timeout=380, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "warning" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    fsm = [sys.executable, "-m", "fsm_agent"]
+    for node in ("node0", "node1"):
+        res = subprocess.run([*fsm, "replay", str(out / f"{node}.jsonl")], capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+    res = subprocess.run([*fsm, "report", "--format", "text", str(out / "node0.jsonl"),
+                          str(out / "node1.jsonl")], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    first = next(line for line in res.stdout.splitlines() if line.startswith("first failure"))
+    assert "rank 0" in first and "hung" in first, res.stdout
