@@ -187,11 +187,6 @@ def _is_terminal(spec: Spec, name: str) -> bool:
     return kind is not None and kind.terminal
 
 
-def _remaining_or(remaining: int | None, default: int) -> int:
-    """The previous step's ``remaining_restarts``, or ``default`` before the first step."""
-    return default if remaining is None else remaining
-
-
 def _check_step(
     spec: Spec,
     rec: TraceRecord,
@@ -306,8 +301,8 @@ def _check_step(
     if restarts is not None and new_restarts != restarts + consumed:
         return chosen, (f"{where}: restart_count went from {restarts} to {new_restarts}, but the "
                         f"step consumed {consumed} restart(s)")
-    if shared and not window and not 0 <= new_remaining <= _remaining_or(remaining,
-                                                                         new_remaining):
+    if shared and not window and (new_remaining < 0 or (remaining is not None
+                                                        and new_remaining > remaining)):
         return chosen, (f"{where}: remaining_restarts went from {remaining} to {new_remaining}; "
                         "a budget of the job never gives restarts back without a window")
     if (not shared and remaining is not None and not window

@@ -66,6 +66,9 @@ def _report(argv: list[str]) -> int:
     fmt = args.format or "html"
     if fmt == "text" and args.output:
         raise UsageError("--format text prints to stdout; it takes no -o")
+    for d in args.log_dir:
+        if not os.path.isdir(d):
+            raise UsageError(f"--log-dir {d}: not a directory")
     traces: list[Trace] = []
     specs: dict[int, Spec] = {}
     for path in args.traces:
@@ -78,9 +81,6 @@ def _report(argv: list[str]) -> int:
     if fmt == "text":
         sys.stdout.write(format_text(analysis))
         return OK
-    for d in args.log_dir:
-        if not os.path.isdir(d):
-            raise UsageError(f"--log-dir {d}: not a directory")
     page = _html(analysis, traces, specs, args.traces, args.log_dir)
     out = args.output or "report.html"
     if out == "-":
