@@ -72,6 +72,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The slow tests first (a stable sort): pytest-xdist hands tests out in this order, so the
+    # long ones overlap on the two workers instead of one of them ending the run alone.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if not config.getoption("--long", default=False):
         long = pytest.mark.skip(reason="long: run with --long")
         for item in items:
@@ -105,6 +108,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["FSM_AGENT_CONFORMANCE_LONG"] = "1"
     tempfile.gettempdir()  # fixed for this process before the variable changes
     _OWN_TMP = tempfile.mkdtemp(prefix="fsm-agent-tests-")
+    # pytest-xdist's workers inherit the variable, so their temporary directories (tmp_path too)
+    # live in here: test_stacks.py's processes run as nobody and must reach theirs.
+    os.chmod(_OWN_TMP, 0o755)
     os.environ["TMPDIR"] = _OWN_TMP
 
 

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(300)
 AGENTS = {"torchrun": SimpleElasticAgent, "torchelastic": SeedAgent}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", sorted(AGENTS))
 def test_every_loadable_single_line_mutant_fails_the_differential_check(
         preset: str, tmp_path: Path) -> None:

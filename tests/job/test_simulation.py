@@ -70,6 +70,7 @@ def check(job: SimJob, max_restarts: int) -> None:
                 a.index, a.ended_at, job.announced_at)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @settings(max_examples=2000, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
