@@ -241,15 +241,18 @@ class Jobs:
         launcher: str = "fsm-agent",
         env: dict[str, str] | None = None,
         name: str | None = None,
+        netns: str | None = None,
     ) -> Job:
-        """Start ``launcher [launcher_args] script [script_args]`` in its own directory."""
+        """Start ``launcher [launcher_args] script [script_args]`` in its own directory (in the
+        network namespace ``netns`` if given: ``ip netns exec`` execs the launcher, same pid)."""
         if script is ...:
             script = self.default_script
         name = name or f"job{len(self.jobs)}"
         workdir = self.tmp_path / name
         (workdir / "out").mkdir(parents=True)
         log = workdir / "output.txt"
-        cmd = [*LAUNCHERS[launcher], *launcher_args]
+        cmd = [*(["ip", "netns", "exec", netns] if netns else []), *LAUNCHERS[launcher],
+               *launcher_args]
         if script is not None:
             cmd += [str(script), *script_args]
         with open(log, "wb") as f:

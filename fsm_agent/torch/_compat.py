@@ -43,6 +43,7 @@ logger = logging.getLogger("fsm_agent.torch")
 _API = "torch.distributed.elastic.agent.server.api"
 _LOCAL = "torch.distributed.elastic.agent.server.local_elastic_agent"
 _DYN = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+_C10D = "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
 _MP = "torch.distributed.elastic.multiprocessing.api"
 _TIMER = "torch.distributed.elastic.timer.file_based_local_timer"
 
@@ -65,6 +66,9 @@ FEATURES: dict[str, str] = {
               "outlive the workers, as under torch",
     "preload": "--preload: script workers forked from a template that imported their modules; "
                "without it they start cold, as under torch",
+    "bounded_store": "rendezvous-state store calls that end within the store's timeout; without "
+                     "it a partitioned agent waits in them as long as the partition lasts, as "
+                     "under torch (the job protocol's own calls stay bounded)",
 }
 
 
@@ -184,6 +188,10 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("preload", "init",
              "torch.distributed.elastic.multiprocessing.subprocess_handler:SubprocessHandler",
              "_stdout", "_stderr", "proc"),
+    # _bounded.py: the c10d backend's store, wrapped
+    *_points("bounded_store", "init", f"{_DYN}:_BackendRendezvousStateHolder", "_backend"),
+    *_points("bounded_store", "init", f"{_C10D}:C10dRendezvousBackend", "_store"),
+    *_points("bounded_store", "attr", f"{_C10D}:C10dRendezvousBackend", "_call_store"),
     # _reaper.py
     *_points("reaper", "init", f"{_MP}:SubprocessContext", "subprocess_handlers"),
     *_points("reaper", "init",

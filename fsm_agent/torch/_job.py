@@ -45,6 +45,7 @@ from fsm_agent._job import (
     JobOver,
     Store,
 )
+from fsm_agent.torch._bounded import StoreCalls, StoreUnresponsive, bound_backend, timeout_of
 
 __all__ = ["JOB_FAILED", "STORE_ERRORS", "AgentJob", "JobFailed", "RendezvousStoreLost", "round_of",
            "store_of"]
@@ -102,6 +103,12 @@ class AgentJob:
         except Exception:  # a handler without a run id: no job to share
             return None
         node = node or f"{socket.gethostname()}:{os.getpid()}"
+        timeout = timeout_of(store)
+        if timeout is not None:
+            # every store call ends within the store's timeout (fsm_agent.torch._bounded)
+            calls = StoreCalls(timeout)
+            bound_backend(handler, calls)
+            store = calls.wrap(store)
         return cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role)
 
     # -- what the agent asks while it waits ---------------------------------------------------
@@ -128,11 +135,13 @@ class AgentJob:
         try:
             return self.channel.poll(force=force)
         except STORE_ERRORS as e:  # DistNetworkError and friends: the store's host is gone
+            consequence = ("this agent cannot reach it, so it cannot rendezvous again"
+                           if isinstance(e, StoreUnresponsive) else
+                           "the agent hosting it is gone, so no agent can rendezvous again")
             self.lost = JobOutcome(
                 exit_code=1, node=self.channel.node,
                 reason=f"the rendezvous store is unreachable ({type(e).__name__}: "
-                       f"{str(e).splitlines()[0] if str(e) else ''}); the agent hosting it is "
-                       "gone, so no agent can rendezvous again",
+                       f"{str(e).splitlines()[0] if str(e) else ''}); {consequence}",
             )
             logger.error("[%s] %s", self.role, self.lost.reason)
             return self.lost

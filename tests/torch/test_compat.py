@@ -194,6 +194,10 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
     elif feature == "preload":  # no template was started: the workers start cold
         assert any("--preload json: not with this torch" in r.getMessage()
                    for r in caplog.records)
+    elif feature == "bounded_store":  # the c10d backend keeps torch's own store
+        from fsm_agent.torch._bounded import StoreCalls, bound_backend
+
+        assert not bound_backend(handler, StoreCalls(1.0))
     else:  # pragma: no cover - a new feature needs its check here
         pytest.fail(f"no check for feature {feature!r}")
 
