@@ -15,6 +15,7 @@ own assertions said. (A unique module name: several test directories have a ``co
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -35,6 +36,7 @@ FAST = ["--monitor-interval", "0.05"]
 LAUNCHERS = {
     "fsm-agent": [sys.executable, "-m", "fsm_agent", "run"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
+    "fsm-agent store": [sys.executable, "-m", "fsm_agent", "store"],
 }
 
 
@@ -43,6 +45,40 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            out.add(link[len("socket:["):-1])
+    return out
+
+
+def _decode(hex_addr: str) -> str:
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return str(ipaddress.IPv4Address(raw[::-1]))
+    # /proc/net/tcp6 prints four little-endian 32-bit words.
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    return str(ipaddress.IPv6Address(words))
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket ``pid`` listens on, from /proc/net/tcp{,6}."""
+    mine = _socket_inodes(pid)
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in mine:  # 0A: LISTEN
+                addr, port = fields[1].split(":")
+                found.append((_decode(addr), int(port, 16)))
+    return found
 
 
 def _stat(pid: int) -> tuple[str, int] | None:

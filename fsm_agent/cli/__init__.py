@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "diff": "list what differs between two specs",
     "report": "merge a job's traces into an HTML report or a text summary",
     "conformance": "check a supervisor against a spec with property-based tests",
+    "store": "serve a rendezvous store outside the training nodes",
 }
 
 

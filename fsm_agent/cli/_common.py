@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ __all__ = [
     "make_parser",
     "print_json",
     "run_command",
+    "seconds_arg",
     "shown",
     "spec_loading_kwargs",
     "spec_params",
@@ -117,6 +119,26 @@ def run_command(prog: str, body: Callable[[list[str]], int], argv: Sequence[str]
     except SpecError as e:
         print(f"{prog}: error: {printable_lines(e)}", file=sys.stderr)
         return USAGE
+
+
+def seconds_arg(positive: bool) -> Callable[[str], float]:
+    """An argparse ``type``: a finite duration (``1.5``, ``500ms``, ``5s``, ``10m``), more
+    than 0 if ``positive``."""
+    def parse(text: str) -> float:
+        from .._params import BadValue, parse_duration
+
+        try:
+            value = parse_duration(text)
+        except BadValue as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if not math.isfinite(value) or (positive and value == 0):
+            raise argparse.ArgumentTypeError(
+                f"must be {'more than 0' if positive else 'at least 0'} seconds and finite, "
+                f"got {text!r}")
+        return value
+
+    parse.__name__ = "duration"
+    return parse
 
 
 def shown(path: str) -> str:

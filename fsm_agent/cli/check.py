@@ -7,9 +7,8 @@ No torch import: it reads specs, and ``--bounds`` runs them in virtual time.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .._errors import SpecError
@@ -25,6 +24,7 @@ from ._common import (
     make_parser,
     print_json,
     run_command,
+    seconds_arg,
     shown,
     spec_params,
 )
@@ -42,24 +42,6 @@ EXAMPLES = (
 # join_timeout 600 s, the 30 s within which torch stops workers on a restart, exit barrier 300 s.
 _LIMIT_DEFAULTS = {"max_restarts": 0, "monitor_interval": 0.1, "rendezvous_timeout": 600.0,
                    "stop_timeout": 30.0, "exit_barrier_timeout": 300.0}
-
-
-def _seconds(positive: bool) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        from .._params import BadValue, parse_duration
-
-        try:
-            value = parse_duration(text)
-        except BadValue as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-        if not math.isfinite(value) or (positive and value == 0):
-            raise argparse.ArgumentTypeError(
-                f"must be {'more than 0' if positive else 'at least 0'} seconds and finite, "
-                f"got {text!r}")
-        return value
-
-    parse.__name__ = "duration"
-    return parse
 
 
 def _count(text: str) -> int:
@@ -96,17 +78,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the crash-loop bounds of each spec")
     b.add_argument("--max-restarts", "--max_restarts", type=_count, default=None, metavar="N",
                    help="the agent's --max-restarts (default 0, as torchrun)")
-    b.add_argument("--monitor-interval", "--monitor_interval", type=_seconds(True), default=None,
+    b.add_argument("--monitor-interval", "--monitor_interval", type=seconds_arg(True), default=None,
                    metavar="SECONDS", help="the agent's --monitor-interval (default 0.1)")
-    b.add_argument("--rdzv-timeout", type=_seconds(True), default=None, metavar="SECONDS",
+    b.add_argument("--rdzv-timeout", type=seconds_arg(True), default=None, metavar="SECONDS",
                    help="the longest rendezvous: c10d's join_timeout (--rdzv-conf "
                    "join_timeout=...; default 600)")
     b.add_argument("--stop-timeout", "--shutdown-timeout", dest="stop_timeout",
-                   type=_seconds(False), default=None, metavar="SECONDS",
+                   type=seconds_arg(False), default=None, metavar="SECONDS",
                    help="the longest stop of the workers (torch stops them on a restart, and "
                    "closes a failed group, within 30 s: the default)")
     b.add_argument("--exit-barrier-timeout", "--exit_barrier_timeout",
-                   type=_seconds(False), default=None, metavar="SECONDS",
+                   type=seconds_arg(False), default=None, metavar="SECONDS",
                    help="the agent's --exit-barrier-timeout (default 300)")
     return parser
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from fsm_agent.torch._compat import enabled
 
-__all__ = ["LOOPBACK", "is_loopback", "loopback_rendezvous_handler", "loopback_store"]
+__all__ = ["LOOPBACK", "is_loopback", "listening_store", "loopback_rendezvous_handler",
+           "loopback_store"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -45,12 +46,22 @@ def is_loopback(host: str) -> bool:
 
 def loopback_store(port: int = 0, *, timeout: float = 300.0, multi_tenant: bool = True) -> Any:
     """A ``TCPStore`` server listening on ``127.0.0.1:port`` only."""
+    return listening_store(LOOPBACK, port, timeout=timeout, multi_tenant=multi_tenant)
+
+
+def listening_store(host: str, port: int = 0, *, timeout: float = 300.0,
+                    multi_tenant: bool = True) -> Any:
+    """A ``TCPStore`` server listening on ``host:port`` only (``0.0.0.0`` or ``::``: every
+    interface). Raises ``OSError`` when the port is taken (``EADDRINUSE``), ``host`` is no
+    address of this machine (``EADDRNOTAVAIL``) or does not resolve (``socket.gaierror``)."""
     import torch.distributed as dist
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    family, _, _, _, address = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, port))
+        sock.bind(address)
         sock.listen(2048)
     except BaseException:
         sock.close()
@@ -60,7 +71,7 @@ def loopback_store(port: int = 0, *, timeout: float = 300.0, multi_tenant: bool 
     # poll loop (the daemon aborts on a descriptor closed behind its back).
     fd = sock.detach()
     return dist.TCPStore(
-        LOOPBACK,
+        host.strip("[]"),
         bound,
         is_master=True,
         timeout=timedelta(seconds=timeout),

@@ -52,6 +52,7 @@ VALID = {
     "diff": ["torchrun", "torchelastic"],
     "report": [str(TRACE), "--format", "text"],
     "conformance": ["fsm_agent:Lifecycle"],
+    "store": ["--host", "127.0.0.1"],
 }
 
 

@@ -9,44 +9,11 @@ import signal
 from pathlib import Path
 
 import pytest
+from fsm_test_procs import listening_addresses
 from reliability_helpers import FAST, STANDALONE, Jobs, free_port
 
 from fsm_agent import SpecError, load_spec
 from fsm_agent._trace import TraceError, read_trace
-
-
-def _socket_inodes(pid: int) -> set[str]:
-    out = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            out.add(link[len("socket:["):-1])
-    return out
-
-
-def _decode(hex_addr: str) -> str:
-    raw = bytes.fromhex(hex_addr)
-    if len(raw) == 4:
-        return str(ipaddress.IPv4Address(raw[::-1]))
-    # /proc/net/tcp6 prints four little-endian 32-bit words.
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
-    return str(ipaddress.IPv6Address(words))
-
-
-def listening_addresses(pid: int) -> list[tuple[str, int]]:
-    """(address, port) of every TCP socket ``pid`` listens on, from /proc/net/tcp{,6}."""
-    mine = _socket_inodes(pid)
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in mine:  # 0A: LISTEN
-                addr, port = fields[1].split(":")
-                found.append((_decode(addr), int(port, 16)))
-    return found
 
 
 def is_loopback(addr: str) -> bool:
