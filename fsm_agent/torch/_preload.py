@@ -17,15 +17,20 @@ start of a worker that torch's ``SubprocessContext`` would ``Popen`` as ``python
 - the environment torch built for it (``os.environ`` replaced: ``RANK``, ``TORCHELASTIC_*``,
   ``TORCHELASTIC_ERROR_FILE`` ...), the agent's working directory at the time, ``sys.argv``,
   ``sys.path[0]`` and a ``__main__`` module as the interpreter sets them for a script or ``-m``;
-- default signal dispositions (the template's own handling of SIGCHLD, SIGINT, SIGTERM and
-  SIGHUP undone), fresh seeds for ``random``, ``numpy.random`` and torch's CPU generator (each
-  cold process draws its own at import), the preload's import-time output written to its
+- the signal dispositions a cold worker has when its script starts: the defaults, or what a
+  preloaded module installed at import (the template imports with the defaults, then takes its
+  own handling of SIGCHLD, SIGINT, SIGTERM and SIGHUP, which each worker gives back); fresh
+  seeds for ``random``, ``numpy.random`` and torch's CPU generator (each cold process draws its
+  own at import); the preload's import-time output written to its
   stdout/stderr first (a cold worker prints it when it imports);
 - its own exit: ``SystemExit`` codes, a traceback and exit code 1 for an uncaught exception (the
   template's frames left out), death by SIGINT for an uncaught ``KeyboardInterrupt``, death by a
   signal; the template reaps it and sends the status, which the agent's ``PreloadedProcess``
   reports as ``Popen.returncode`` does (negative for a signal). The agent watches each worker
-  through a pidfd the template opened at the fork, so a reused pid can never be signalled.
+  through a pidfd the template opened at the fork, so a reused pid can never be signalled. If
+  the template dies (the OOM killer, a stray ``pkill``), that is logged once and later workers
+  start cold; the running ones keep their exit status, which each writes to a file of the
+  agent's as it exits (a worker that dies by a signal meanwhile is reported killed, -9).
 
 What a forked worker cannot share with a cold one, and what follows from it:
 
@@ -60,10 +65,12 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -139,6 +146,13 @@ class Template:
         self._replies: dict[int, tuple[dict[str, Any], list[int]]] = {}
         self._exits: dict[int, int] = {}
         self._lock = threading.Lock()
+        self._statuses: str | None = None
+
+    def _status_dir(self) -> str:
+        """A private directory for the workers' exit-code files (removed by :meth:`close`)."""
+        if self._statuses is None:
+            self._statuses = tempfile.mkdtemp(prefix="fsm-agent-preload-")
+        return self._statuses
 
     @classmethod
     def for_command(cls, modules: Sequence[str], entrypoint: Any,
@@ -181,7 +195,7 @@ class Template:
         if self.failed is None:
             self.failed = why
             logger.warning("--preload %s: %s; workers start cold", ",".join(self.modules), why)
-        self.close()
+        self.close(final=False)  # its running workers' exit-code files are still to be read
 
     def wait_ready(self) -> bool:
         """Wait (signals interrupt it) until the template has imported; whether it serves."""
@@ -208,8 +222,11 @@ class Template:
         parsed = _parse_command(args[0], list(args[1:]))
         assert parsed is not None and self._sock is not None
         self._next_id += 1
+        # The worker writes its exit code there as it exits: its status when the template, its
+        # parent, dies first (fsm_agent/torch/_template.py).
+        status_path = os.path.join(self._status_dir(), str(self._next_id))
         request = {"op": "spawn", "id": self._next_id, "argv": parsed[2], "env": env,
-                   "cwd": os.getcwd()}
+                   "cwd": os.getcwd(), "status_path": status_path}
         try:
             socket.send_fds(self._sock, [json.dumps(request).encode()], [stdin, stdout, stderr])
             deadline = time.monotonic() + SPAWN_TIMEOUT
@@ -226,11 +243,11 @@ class Template:
                 os.close(fd)
             self._fail(f"could not fork a worker: {reply.get('error', reply)}")
             return None
-        return PreloadedProcess(self, int(reply["pid"]), fds[0], list(args))
+        return PreloadedProcess(self, int(reply["pid"]), fds[0], list(args), status_path)
 
     def exit_status(self, pid: int, timeout: float) -> int | None:
         """The raw wait status of worker ``pid`` once the template reaped it (``None`` on
-        timeout; a lost template reports every worker as killed)."""
+        timeout; :data:`TEMPLATE_LOST` when the template died before it could say)."""
         deadline = time.monotonic() + timeout
         while pid not in self._exits:
             left = deadline - time.monotonic()
@@ -240,9 +257,7 @@ class Template:
                 self._pump(min(left, 1.0))
             except _Dead as e:
                 self._fail(str(e))
-                # nobody can say how it ended: report it as killed, the one answer that
-                # makes torch count it as a failure
-                return _SIGKILL_STATUS
+                return TEMPLATE_LOST
         return self._exits[pid]
 
     def _pump(self, timeout: float) -> None:
@@ -283,8 +298,9 @@ class Template:
         for fd in fds:
             os.close(fd)
 
-    def close(self) -> None:
-        """End the template (its workers are not touched: torch stops them)."""
+    def close(self, *, final: bool = True) -> None:
+        """End the template (its workers are not touched: torch stops them); ``final``: also
+        remove the workers' exit-code files (every worker has been waited for)."""
         sock, self._sock = self._sock, None
         if sock is not None:
             sock.close()  # the template exits on end-of-file
@@ -299,9 +315,14 @@ class Template:
             for fd in fds:
                 os.close(fd)
         self._replies.clear()
+        statuses = self._statuses
+        if final and statuses is not None:
+            self._statuses = None
+            shutil.rmtree(statuses, ignore_errors=True)
 
 
-_SIGKILL_STATUS = signal.SIGKILL  # a wait status "killed by SIGKILL"
+#: :meth:`Template.exit_status` when the template died: only the worker's own report is left.
+TEMPLATE_LOST = -1
 
 
 class PreloadedProcess:
@@ -309,12 +330,14 @@ class PreloadedProcess:
 
     stdin = stdout = stderr = None
 
-    def __init__(self, template: Template, pid: int, pidfd: int, args: list[str]) -> None:
+    def __init__(self, template: Template, pid: int, pidfd: int, args: list[str],
+                 status_path: str) -> None:
         self._template = template
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
         self._pidfd: int | None = pidfd
+        self._status_path = status_path
 
     def _settle(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` for the process to end; take its status when it has."""
@@ -329,10 +352,27 @@ class PreloadedProcess:
         status = self._template.exit_status(self.pid, STATUS_TIMEOUT)
         if status is None:  # ended, but the template has not reaped it yet
             return False
-        self.returncode = os.waitstatus_to_exitcode(status)
+        self.returncode = (self._reported() if status == TEMPLATE_LOST
+                           else os.waitstatus_to_exitcode(status))
         os.close(pidfd)
         self._pidfd = None
+        with contextlib.suppress(OSError):
+            os.unlink(self._status_path)
         return True
+
+    def _reported(self) -> int:
+        """The exit code the worker wrote as it exited; killed (-9) if it wrote none (a signal
+        or ``os._exit``: only the dead template could have told)."""
+        data = b""
+        with contextlib.suppress(OSError), open(self._status_path, "rb") as f:
+            data = f.read(64)
+        try:
+            return int(data)
+        except ValueError:
+            logger.warning("--preload: worker pid %s ended after the template died, without "
+                           "saying how; reported as killed (SIGKILL)", self.pid)
+            return -signal.SIGKILL
+
 
     def poll(self) -> int | None:
         self._settle(0)

@@ -11,8 +11,12 @@ Protocol (``SOCK_SEQPACKET``, one JSON object per message, descriptors alongside
   imports; ``{"op": "spawned", "id", "pid"}`` with the child's pidfd, or ``{"op": "error", "id",
   "error"}``, per request; ``{"op": "exit", "pid", "status"}`` (a raw wait status) whenever it
   reaps a child;
-- agent to template: ``{"op": "spawn", "id", "argv", "env", "cwd"}`` with the child's stdin,
-  stdout and stderr. End of file: the template exits.
+- agent to template: ``{"op": "spawn", "id", "argv", "env", "cwd", "status_path"}`` with the
+  child's stdin, stdout and stderr. End of file: the template exits;
+- worker to agent, in the file ``status_path``: its exit code as text (``3``, ``-2`` for death
+  by SIGINT), written as the interpreter is about to exit with it. The agent reads it only when
+  the template, which reaps the worker and knows its real status, died first. A file, not a
+  descriptor: the worker's open descriptors stay those of a cold start.
 """
 
 from __future__ import annotations
@@ -56,9 +60,36 @@ def main(setup_json: str) -> None:
         request, fds = child.request, child.fds
     else:
         sys.exit(0)
+    status_path = str(request.get("status_path", ""))
     # Outside the handler: the worker's own exceptions must not carry _Become as their context.
-    _become_worker(request, fds, setup["main"], sock)
+    try:
+        _become_worker(request, fds, setup["main"], sock)
+    except SystemExit as e:
+        _report(status_path, _exit_code(e.code))
+        raise
+    except KeyboardInterrupt:
+        _report(status_path, -signal.SIGINT)  # the interpreter kills itself with SIGINT
+        raise
+    except BaseException:
+        _report(status_path, 1)  # the traceback, then exit code 1
+        raise
     # The worker's __main__ ran to its end: the interpreter exits as for a script.
+    _report(status_path, 0)
+
+
+def _exit_code(code: object) -> int:
+    """The exit code the interpreter makes of ``SystemExit(code)``."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1  # printed to stderr
+
+
+def _report(path: str, code: int) -> None:
+    if path:
+        with contextlib.suppress(OSError), open(path, "w") as f:
+            f.write(str(code))
 
 
 def _send(sock: socket.socket, msg: dict[str, Any], fds: Sequence[int] = ()) -> None:
@@ -136,7 +167,20 @@ def _unforkable() -> str | None:
     return None
 
 
+#: The signals whose handling the template changes for itself, and gives back to its workers.
+_OWN_SIGNALS = (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# each one's disposition after the imports: what a cold worker has when its script starts
+_worker_signals: dict[int, Any] = {}
+
+
 def _serve(sock: socket.socket, setup: dict[str, Any]) -> None:
+    # The imports run with the dispositions a cold worker imports with, so that a module that
+    # installs a handler (a checkpoint on SIGTERM) keeps it in every worker.
+    error = _preload(setup)
+    _worker_signals.update((sig, signal.getsignal(sig)) for sig in _OWN_SIGNALS)
+    if error is not None:
+        _send(sock, {"op": "failed", "error": error})
+        return
     # Signals for the agent are not for the template (it also has a session of its own); the
     # exits of its children come through SIGCHLD and the wake-up pipe.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -145,10 +189,6 @@ def _serve(sock: socket.socket, setup: dict[str, Any]) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    error = _preload(setup)
-    if error is not None:
-        _send(sock, {"op": "failed", "error": error})
-        return
     _send(sock, {"op": "ready"})
     while True:
         ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
@@ -208,9 +248,9 @@ def _become_worker(request: dict[str, Any], fds: list[int], main: list[str],
     command line, and run its ``__main__``, as ``Popen`` and ``python [-u] SCRIPT`` would."""
     os.setsid()  # Popen(start_new_session=True)
     signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig, handler in _worker_signals.items():
+        # None: a handler installed from C, which Python cannot reinstall
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
     for target, fd in zip((0, 1, 2), fds, strict=True):
         os.dup2(fd, target)
     sock.detach()

@@ -13,12 +13,14 @@ agent) and the random seeds (fresh per worker in both).
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
-from fsm_torch_helpers import FAST, Job, Jobs
+from fsm_torch_helpers import FAST, Job, Jobs, summary
 
 SCRIPTS = Path(__file__).parent / "scripts"
 WORKER = SCRIPTS / "preload_worker.py"
@@ -177,3 +179,75 @@ def test_a_signal_to_the_agent_stops_forked_workers_and_the_template(jobs: Jobs)
     job.proc.send_signal(signal.SIGTERM)
     assert job.wait(30) == 128 + signal.SIGTERM, job.output[-3000:]
     # the jobs fixture fails the test if a worker or the template outlived the agent
+
+
+# A worker that waits for $GO, prints "done" and exits with $CODE_<rank> (default 0).
+WAIT_FOR_GO = """\
+import os, sys, time
+import json  # preloaded by the tests
+if os.environ.get("IMPORT"):
+    __import__(os.environ["IMPORT"])
+open(os.path.join(os.environ["OUT_DIR"], "start_" + os.environ["RANK"]), "w").write("{}")
+if os.environ.get("KILL_SELF"):
+    os.kill(os.getpid(), 15)
+    time.sleep(30)
+while not os.path.exists(os.environ["GO"]):
+    time.sleep(0.05)
+print("done", flush=True)
+sys.exit(int(os.environ.get("CODE_" + os.environ["RANK"], "0")))
+"""
+
+
+def _template_pid(job: Job) -> int:
+    m = re.search(r"--preload \S+: template pid (\d+) importing", job.output)
+    assert m, job.output[-3000:]
+    return int(m.group(1))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("codes", [{}, {"CODE_1": "3"}], ids=["both-succeed", "rank1-exits-3"])
+def test_workers_keep_their_exit_status_when_the_template_dies(
+        jobs: Jobs, tmp_path: Path, codes: dict[str, str]) -> None:
+    script = tmp_path / "go_worker.py"
+    script.write_text(WAIT_FOR_GO)
+    go = tmp_path / "go"
+    job = jobs.start(["--standalone", "--nproc-per-node", "2", "--max-restarts", "0", *FAST,
+                      "--preload", "json"], script, env={"GO": str(go), **codes})
+    job.wait_for("start_*", 2, 60)
+    template = _template_pid(job)
+    os.kill(template, signal.SIGKILL)  # the OOM killer, a stray pkill
+    time.sleep(0.5)
+    go.touch()
+    rc = job.wait(60)
+    out = job.output
+    assert out.count("done") >= 2, out[-3000:]
+    assert "--preload json: the template exited" in out, out[-3000:]  # noticed and said
+    if not codes:
+        assert rc == 0, out[-3000:]
+        assert "exitcode" not in out, out[-3000:]
+    else:
+        assert rc == 1, out[-3000:]
+        root = summary(out)["root"]
+        assert root["rank"] == "1" and root["exitcode"] == "3", out[-3000:]  # type: ignore[index]
+
+
+@pytest.mark.timeout(90)
+def test_a_preloaded_modules_signal_handler_runs_in_warm_workers_as_in_cold_ones(
+        jobs: Jobs, tmp_path: Path) -> None:
+    # The module installs a checkpoint-on-SIGTERM handler at import (exit 42); the worker
+    # then receives SIGTERM. Warm must equal cold: 42, not death by SIGTERM.
+    (tmp_path / "ckpt_on_term.py").write_text(
+        "import signal, sys\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n")
+    script = tmp_path / "go_worker.py"
+    script.write_text(WAIT_FOR_GO)
+    env = {"GO": str(tmp_path / "never"), "IMPORT": "ckpt_on_term", "KILL_SELF": "1",
+           "PYTHONPATH": str(tmp_path)}
+    roots = {}
+    for name, extra in (("cold", ()), ("warm", ("--preload", "ckpt_on_term"))):
+        job = jobs.start(["--standalone", "--nproc-per-node", "1", "--max-restarts", "0",
+                          *FAST, *extra], script, env=env, name=name)
+        assert job.wait(60) == 1, job.output[-3000:]
+        roots[name] = summary(job.output)["root"]["exitcode"]  # type: ignore[index]
+        if extra:
+            assert "--preload ckpt_on_term: imported in" in job.output
+    assert roots == {"cold": "42", "warm": "42"}
