@@ -61,6 +61,8 @@ POLL_INTERVAL = 0.2
 LINGER_TIMEOUT = 10.0
 
 _PREFIX = "fsm_agent/job"
+#: The longest announced reason an agent reads (the rest is cut off).
+MAX_REASON = 2000
 
 
 @runtime_checkable
@@ -193,13 +195,21 @@ class JobOutcome:
 
     @classmethod
     def decode(cls, raw: bytes) -> JobOutcome:
-        """Read a store value; anything unreadable is still a failed job (exit code 1)."""
+        """Read a store value (anyone who reaches the store may have written it). Anything
+        unreadable is still a failed job, exit code 1; so is an exit code that is no failure's
+        (0, or outside 1-255, which a shell would turn into 0); node and reason are cut to
+        :data:`MAX_REASON` characters."""
         try:
             data = json.loads(raw)
-            return cls(exit_code=int(data["exit_code"]), node=str(data["node"]),
-                       reason=str(data["reason"]), outcome=str(data.get("outcome", "FAILED")))
-        except (ValueError, KeyError, TypeError):
+            code = int(data["exit_code"])
+            node, reason = str(data["node"])[:200], str(data["reason"])[:MAX_REASON]
+            outcome = str(data.get("outcome", "FAILED"))[:20]
+        except (ValueError, KeyError, TypeError, RecursionError):
             return cls(exit_code=1, node="?", reason=f"unreadable announcement {raw[:80]!r}")
+        if not 1 <= code <= 255:
+            reason += f" (announced exit code {code} is no failure's: exit code 1)"
+            code = 1
+        return cls(exit_code=code, node=node, reason=reason, outcome=outcome)
 
     def describe(self) -> str:
         """One line for logs and the final message."""

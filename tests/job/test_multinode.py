@@ -4,6 +4,7 @@ rendezvous on a loopback port, one worker each). Every agent ends with one outco
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -121,3 +122,29 @@ def test_the_store_host_dying_ends_every_agent_with_a_clear_message(jobs: Jobs) 
     assert took < 10, f"{took:.1f} s after the store's host died"
     assert last.startswith("fsm-agent run: the rendezvous store is unreachable"), last
     assert "workers stopped" in last, last
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("code", [0, 256])
+def test_an_announced_exit_code_that_is_no_failures_still_fails_every_agent(
+        jobs: Jobs, code: int) -> None:
+    # Anyone who reaches the store can write the outcome key: an announcement of 0 (or 256,
+    # which a shell turns into 0) must not let a failed job pass for a success.
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    args = nodes(2, run_id="forged")
+    a, b = _two(jobs, args, {"SLEEP": "120"})
+    a.wait_for("start_*.json", 1, 60)
+    b.wait_for("start_*.json", 1, 60)
+    store = TCPStore("127.0.0.1", port_of(args), is_master=False,
+                     timeout=timedelta(seconds=10))
+    forged = json.dumps({"exit_code": code, "node": "intruder", "reason": "x" * 100_000})
+    store.compare_set("fsm_agent/job/forged/outcome", "", forged)
+    rcs = a.wait(60), b.wait(60)
+    assert rcs == (1, 1), (a.output + b.output)[-4000:]
+    for job in (a, b):
+        last = job.final_message()
+        assert f"announced exit code {code} is no failure's" in last, last
+        assert len(last) < 2500, len(last)  # the reason is cut to what a line can hold
