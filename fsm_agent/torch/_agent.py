@@ -59,6 +59,21 @@ logger = logging.getLogger("fsm_agent.torch")
 FATAL_EXCEPTIONS: tuple[type[BaseException], ...] = (SignalException, RendezvousGracefulExitError)
 
 
+def rendezvous_over(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) says the job's rendezvous is closed: the job has
+    ended, and an agent that was not in it has nothing to join and nothing to announce."""
+    from torch.distributed.elastic.rendezvous import RendezvousClosedError
+
+    seen: BaseException | None = error
+    for _ in range(20):  # a cause chain is short; never loop on a cycle
+        if seen is None:
+            return False
+        if isinstance(seen, (RendezvousClosedError, RendezvousGracefulExitError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class LifecycleAgentMixin:
     """Makes any ``SimpleElasticAgent`` subclass spec-driven: list it first among the bases.
 
@@ -251,7 +266,7 @@ class LifecycleAgentMixin:
         # (as torch), but with a job-wide budget the failure it causes is counted here, so that
         # a fast rejoin cannot restart the job for free (pytorch#147064).
         job = self._fsm_job
-        if job is None or job.outcome is not None:
+        if job is None or job.outcome is not None or rendezvous_over(error):
             return
         if isinstance(error, SignalException):
             if (self._lifecycle_spec.budget.scope == "job"

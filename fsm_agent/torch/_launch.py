@@ -126,7 +126,7 @@ def launch(
 
     from fsm_agent import LifecycleError, WorkerGroupFailureException
     from fsm_agent._health import LeftJob
-    from fsm_agent.torch._agent import FSMElasticAgent
+    from fsm_agent.torch._agent import FSMElasticAgent, rendezvous_over
     from fsm_agent.torch._job import JobFailed
     from fsm_agent.torch._loopback import loopback_rendezvous_handler
 
@@ -202,6 +202,12 @@ def launch(
             # a failed result (and the torchrun preset, which returns it), under every preset.
             events.record(agent.get_event_succeeded(), config.event_log_handler)
             raise ChildFailedError(name=entrypoint_name, failures=e.failures) from e
+        if result is None:
+            # torch's run() returns nothing for a node left waiting when the job closed its
+            # rendezvous (a spare it never needed); torch's launch_agent then fails on it.
+            logger.warning("[%s] the job ended without needing this node (it waited as a "
+                           "spare); nothing to run", config.role)
+            return {}
         failed = job_failure(agent, result)
         if failed is not None:
             raise failed
@@ -228,8 +234,13 @@ def launch(
         shutdown_rdzv = False
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise
-    except Exception:
+    except Exception as e:
         events.record(agent.get_event_failed(), config.event_log_handler)
+        if rendezvous_over(e):
+            # a late agent: the job ended (or was closed) before it came; it is not closed again
+            shutdown_rdzv = False
+            raise LeftJob(f"the rendezvous of job {config.run_id!r} is closed: the job has "
+                          "ended, there is nothing to join", 1) from e
         raise
     finally:
         if shutdown_rdzv:

@@ -109,3 +109,36 @@ def test_a_taken_port_or_a_foreign_host_is_one_line_and_exit_2(jobs: Jobs) -> No
         assert done.stdout == "" and done.stderr.count("\n") == 1, done
         assert done.stderr.startswith("fsm-agent store: error: ") and says in done.stderr
     _stop(store)
+
+
+@pytest.mark.timeout(120)
+def test_a_late_agent_and_a_spare_never_needed_end_with_one_line_and_announce_nothing(
+        jobs: Jobs) -> None:
+    # C waits as a spare while A and B run; D comes after the job ended. torch's launcher
+    # failed on both (an AttributeError for the spare; the late agent announced a failure
+    # into the finished job's store).
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store, port = _store(jobs)
+    args = nodes(2, "--rdzv-conf", "is_host=0", port=port, run_id="late")
+    a = jobs.start(args, env={"SLEEP": "6"}, name="node_a")
+    b = jobs.start(args, env={"SLEEP": "6"}, name="node_b")
+    a.wait_for("start_*.json", 1, 60)
+    b.wait_for("start_*.json", 1, 60)
+    spare = jobs.start(args, name="spare")
+    assert a.wait(60) == 0 and b.wait(60) == 0, (a.output + b.output)[-4000:]
+    assert spare.wait(60) == 0, spare.output[-3000:]
+    assert "the job ended without needing this node" in spare.output, spare.output[-3000:]
+    assert not spare.records("start_*.json")
+    late = jobs.start(args, name="late")
+    assert late.wait(60) == 1, late.output[-3000:]
+    assert late.final_message() == ("fsm-agent run: left the job: the rendezvous of job 'late' "
+                                    "is closed: the job has ended, there is nothing to join "
+                                    "(exit 1)"), late.output[-3000:]
+    client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    assert not client.check(["fsm_agent/job/late/outcome"])  # nobody announced a failure
+    for job in (spare, late):
+        assert "announced" not in job.output and "Traceback" not in job.output, job.output
+    _stop(store)
