@@ -66,6 +66,8 @@ FEATURES: dict[str, str] = {
               "outlive the workers, as under torch",
     "preload": "--preload: script workers forked from a template that imported their modules; "
                "without it they start cold, as under torch",
+    "error_files": "a worker's unreadable error file is that failure's message; without it the "
+                   "agent ends at the first such failure, as torch",
     "bounded_store": "rendezvous-state store calls that end within the store's timeout; without "
                      "it a partitioned agent waits in them as long as the partition lasts, as "
                      "under torch (the job protocol's own calls stay bounded)",
@@ -188,6 +190,10 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("preload", "init",
              "torch.distributed.elastic.multiprocessing.subprocess_handler:SubprocessHandler",
              "_stdout", "_stderr", "proc"),
+    # _errorfiles.py: the failures multiprocessing.api builds, tolerant of unreadable files
+    *_points("error_files", "attr", _MP, "ProcessFailure"),
+    *_points("error_files", "attr",
+             "torch.distributed.elastic.multiprocessing.errors:ProcessFailure", "__post_init__"),
     # _bounded.py: the c10d backend's store, wrapped
     *_points("bounded_store", "init", f"{_DYN}:_BackendRendezvousStateHolder", "_backend"),
     *_points("bounded_store", "init", f"{_C10D}:C10dRendezvousBackend", "_store"),

@@ -13,6 +13,7 @@ from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
 from fsm_agent._health import CheckResult, HealthCheck
 from fsm_agent.torch._compat import enabled
+from fsm_agent.torch._errorfiles import tolerant_error_files
 from fsm_agent.torch._fastpath import cached_nodes_waiting
 from fsm_agent.torch._isolation import WorkerStoreIsolation
 
@@ -193,7 +194,8 @@ class TorchDriver:
         self.sync_counters()
         group = self.worker_group
         before = self.agent._remaining_restarts
-        result = self.agent._monitor_workers(group)
+        with tolerant_error_files():
+            result = self.agent._monitor_workers(group)
         group.state = result.state
         if result.state.name == "SUCCEEDED":  # torch's line before its exit barrier
             timeout = self.agent._exit_barrier_timeout

@@ -79,3 +79,35 @@ def test_each_fault_blames_the_failing_rank_and_restarts_proceed(
     assert tail.lstrip().startswith("fsm-agent: job FAILED (spec 'torchelastic'"), tail
     assert "Traceback" not in tail, tail
     assert "\nroot cause: rank 1 (" in tail and "ValueError: boom-under-record" in tail, tail
+
+
+# Rank 1 writes an error file torch cannot read, then exits 1: not UTF-8 on attempt 0, a
+# `message` that is neither a string nor an object on attempt 1.
+BAD_ERROR_FILE = """\
+import os, sys, time
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if os.environ["RANK"] != "1":
+    time.sleep(60)
+with open(os.environ["TORCHELASTIC_ERROR_FILE"], "wb") as f:
+    f.write(b"\\xff\\xfe not json" if attempt == 0 else b'{"message": 42}')
+sys.exit(1)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_an_unreadable_error_file_is_a_failure_like_any_other(jobs: Jobs, tmp_path: Path) -> None:
+    # torch re-raises what it cannot parse: the agent (torchrun's too) ended at the first
+    # failure with its restarts unused and no rank named.
+    script = tmp_path / "bad_error_file.py"
+    script.write_text(BAD_ERROR_FILE)
+    job = jobs.start([*STANDALONE, "--max-restarts", "1"], script)
+    assert job.wait(80) == 1, job.output[-3000:]
+    out = job.output
+    assert "restart 1 of 1" in out, out[-3000:]
+    assert "fsm-agent run: error:" not in out, out[-3000:]
+    root = summary(out)["root"]
+    assert root["rank"] == "1" and root["exitcode"] == "1", out[-3000:]  # type: ignore[index]
+    assert root["error_file"] == "<N/A>", root  # type: ignore[index]
+    assert root["traceback"].startswith("unreadable error file "), root  # type: ignore[index]
+    assert "(TypeError: " in root["traceback"], root  # type: ignore[index]
+    assert "(UnicodeDecodeError: " in out, out[-3000:]  # attempt 0's, in the log

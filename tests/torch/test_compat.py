@@ -194,6 +194,13 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
     elif feature == "preload":  # no template was started: the workers start cold
         assert any("--preload json: not with this torch" in r.getMessage()
                    for r in caplog.records)
+    elif feature == "error_files":  # torch's own ProcessFailure while the workers are looked at
+        from torch.distributed.elastic.multiprocessing import api, errors
+
+        from fsm_agent.torch._errorfiles import tolerant_error_files
+
+        with tolerant_error_files():
+            assert api.ProcessFailure is errors.ProcessFailure
     elif feature == "bounded_store":  # the c10d backend keeps torch's own store
         from fsm_agent.torch._bounded import StoreCalls, bound_backend
 
