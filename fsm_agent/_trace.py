@@ -480,10 +480,33 @@ def param_text(type_name: str, value: Any) -> str:
 
 def _dumps(record: Mapping[str, Any]) -> str:
     try:
-        return json.dumps(record, allow_nan=False, default=repr) + "\n"
+        line = json.dumps(record, allow_nan=False, default=repr) + "\n"
     except ValueError:
         # NaN or infinity somewhere (a failure's data): written as strings, not invalid JSON.
-        return json.dumps(_jsonable(record), allow_nan=False, default=repr) + "\n"
+        record = _jsonable(record)
+        line = json.dumps(record, allow_nan=False, default=repr) + "\n"
+    # No line the reader refuses (a worker's 20 MB error message, kept twice by torch's
+    # failure): its strings are cut to 64 KiB, then 4 KiB, then 256 characters until it fits.
+    for limit in (1 << 16, 1 << 12, 1 << 8):
+        if len(line) <= MAX_LINE_BYTES // 4 or len(line.encode()) <= MAX_LINE_BYTES:
+            return line
+        line = json.dumps(_cut_strings(_jsonable(record), limit), allow_nan=False,
+                          default=repr) + "\n"
+    return line
+
+
+def _cut_strings(value: Any, limit: int) -> Any:
+    """``value`` (JSON data) with every string longer than ``limit`` characters cut, saying so."""
+    if isinstance(value, str):
+        if len(value) <= limit:
+            return value
+        return f"{value[:limit]}... [{len(value) - limit} characters cut: a trace line holds " \
+               f"at most {MAX_LINE_BYTES} bytes]"
+    if isinstance(value, dict):
+        return {k: _cut_strings(v, limit) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut_strings(v, limit) for v in value]
+    return value
 
 
 def _is_preset(spec: Spec) -> bool:

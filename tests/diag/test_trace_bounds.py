@@ -202,3 +202,40 @@ def test_a_healthy_job_at_a_tenth_of_a_second_writes_a_constant_size_trace(
     assert trace.stat().st_size < 10_000
     assert subprocess.run([sys.executable, "-m", "fsm_agent", "replay", str(trace)],
                           capture_output=True, timeout=60, check=False).returncode == 0
+
+
+HUGE_ERROR = """\
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    raise ValueError("x" * 20_000_000)
+
+main()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_20_mb_error_message_gives_a_trace_that_replay_and_report_read(
+        jobs: Jobs, tmp_path: Path) -> None:
+    # torch keeps the message twice in its failure (message, error_file_data): the record was
+    # 40 MB, past what the reader takes (16 MiB a line), and replay and report refused it whole.
+    from fsm_agent._trace import MAX_LINE_BYTES
+
+    script = tmp_path / "huge_error.py"
+    script.write_text(HUGE_ERROR)
+    trace = tmp_path / "t.jsonl"
+    job = jobs.start(["--standalone", "--nproc-per-node", "1", "--monitor-interval", "0.05",
+                      "--trace", str(trace)], script)
+    assert job.wait(90) == 1, job.output[-2000:]
+    longest = max(len(line) for line in trace.read_bytes().splitlines())
+    assert longest <= MAX_LINE_BYTES, longest
+    [failed] = [r for r in trace_records(trace) if r.get("observed") == "FAILED"]
+    message = failed["failures"]["0"]["message"]  # type: ignore[index]
+    message = message["message"]  # @record's: {"message": "ValueError: ...", "extraInfo": ...}
+    assert message.startswith("ValueError: " + "x" * 1000), message[:200]
+    assert "characters cut" in message, message[-200:]
+    for argv in (["replay", str(trace)], ["report", str(trace), "--format", "text"]):
+        done = subprocess.run([sys.executable, "-m", "fsm_agent", *argv], capture_output=True,
+                              text=True, timeout=60, check=False)
+        assert done.returncode == 0, (argv, done.stderr[-2000:])
