@@ -25,12 +25,14 @@ Built-ins:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shlex
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -139,31 +141,37 @@ def store_reachable(host: str, port: int, timeout: float, *,
 def command_succeeds(command: str | Sequence[str], timeout: float, *,
                      name: str = "command") -> CheckResult:
     """``command`` (a shell-style string or an argv list, run without a shell) exits 0 within
-    ``timeout`` seconds; on a timeout its whole process group is killed."""
+    ``timeout`` seconds. It runs in a process group of its own, which is killed once the command
+    has ended or timed out: nothing it started outlives the check, and a background child that
+    keeps its output open does not hold the check up."""
     argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
     shown = command if isinstance(command, str) else shlex.join(argv)
     t0 = time.monotonic()
-    try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    except OSError as e:
-        return CheckResult(name, False, f"command {shown}: cannot run: {e.strerror or e}",
-                           time.monotonic() - t0)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    # A file, not a pipe: a pipe is read until every holder closes it, a child included.
+    with tempfile.TemporaryFile() as out:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        proc.communicate()
-        return CheckResult(name, False, f"command {shown} did not finish within {timeout:g} s "
-                           "(killed)",
-                           time.monotonic() - t0)
-    took = time.monotonic() - t0
-    if proc.returncode == 0:
-        return CheckResult(name, True, f"command {shown} exited 0", took)
-    last = next((ln.strip() for ln in reversed(out.decode(errors="replace").splitlines())
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:
+            return CheckResult(name, False, f"command {shown}: cannot run: {e.strerror or e}",
+                               time.monotonic() - t0)
+        try:
+            proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        took = time.monotonic() - t0
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the command if it timed out, and its children
+        proc.wait()
+        if timed_out:
+            return CheckResult(name, False, f"command {shown} did not finish within "
+                               f"{timeout:g} s (killed)", took)
+        if proc.returncode == 0:
+            return CheckResult(name, True, f"command {shown} exited 0", took)
+        out.seek(max(0, out.seek(0, os.SEEK_END) - 4096))
+        tail = out.read()
+    last = next((ln.strip() for ln in reversed(tail.decode(errors="replace").splitlines())
                  if ln.strip()), "")
     code = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
             else f"exited {proc.returncode}")

@@ -44,6 +44,22 @@ def test_a_command_that_overruns_its_budget_is_killed_with_its_children(tmp_path
     assert command_succeeds("true", 5).ok
 
 
+def test_a_command_that_succeeds_leaving_a_child_on_its_output_passes_and_the_child_goes(
+        tmp_path: Path) -> None:
+    # The child keeps the command's stdout open: read through a pipe, the check waited for it
+    # and reported a timeout although the command had exited 0.
+    marker = tmp_path / "child.pid"
+    t0 = time.monotonic()
+    res = command_succeeds(["sh", "-c", f"sleep 60 & echo $! > {marker}; echo ok"], 10)
+    assert res.ok, res.reason
+    assert time.monotonic() - t0 < 5
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")  # nothing the check started outlives it
+
+
 def test_store_reachable_needs_an_answer_not_just_a_port() -> None:
     from torch.distributed import TCPStore
 
