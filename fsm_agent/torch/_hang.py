@@ -81,11 +81,12 @@ def hang_failures(hung: Sequence[HungRank], error_files: Mapping[int, str]) -> d
 
 def stacks_dir(error_files: Mapping[int, str]) -> str:
     """``<log dir>/<run>/stacks/attempt_<n>`` from torch's error-file paths
-    (``<log dir>/<run>/attempt_<n>/<local rank>/error.json``); a fresh temporary directory when
-    the logs go nowhere (``--log-dir /dev/null``)."""
+    (``<log dir>/<run>/attempt_<n>/<local rank>/error.json``, relative to the agent's working
+    directory for a relative ``--log-dir``); a fresh temporary directory when the logs go
+    nowhere (``--log-dir /dev/null``)."""
     for path in error_files.values():
-        if path and path != os.devnull and os.path.isabs(path):
-            attempt = os.path.dirname(os.path.dirname(path))
+        if path and path != os.devnull:
+            attempt = os.path.dirname(os.path.dirname(os.path.abspath(path)))
             run = os.path.dirname(attempt)
             return os.path.join(run, "stacks", os.path.basename(attempt))
     return tempfile.mkdtemp(prefix="fsm_agent_stacks_")

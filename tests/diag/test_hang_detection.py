@@ -25,11 +25,16 @@ def _hung_steps(trace: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("log_dir", ["absolute", "relative"])
 def test_a_deadlock_is_detected_its_stacks_saved_and_the_group_restarted(
-    jobs: Jobs, tmp_path: Path
+    jobs: Jobs, tmp_path: Path, log_dir: str
 ) -> None:
     trace = tmp_path / "trace.jsonl"
-    job = jobs.start([*ARGS, "--max-restarts", "1", "--log-dir", str(tmp_path / "logs"),
+    # the job runs in tmp_path/job0: a relative --log-dir is below it (its stacks went to a
+    # temporary directory, never removed)
+    logs = tmp_path / "logs" if log_dir == "absolute" else tmp_path / "job0" / "logs"
+    job = jobs.start([*ARGS, "--max-restarts", "1", "--log-dir",
+                      str(logs) if log_dir == "absolute" else "logs",
                       "--trace", str(trace)], DEADLOCK, env={"DEADLOCK_ATTEMPTS": "0"})
     assert job.wait(150) == 0, job.output
     [hung] = _hung_steps(trace)
@@ -54,7 +59,7 @@ def test_a_deadlock_is_detected_its_stacks_saved_and_the_group_restarted(
     for s in stacks:
         path = Path(s["path"])
         # saved under the run's log directory, one file per rank
-        assert path.is_relative_to(tmp_path / "logs") and path.name == f"rank_{s['rank']}.txt"
+        assert path.is_relative_to(logs) and path.name == f"rank_{s['rank']}.txt", path
         assert "wait_for_peer_forever" in stack_functions(path.read_text())
     failures = hung["failures"]
     assert isinstance(failures, dict) and sorted(failures) == ["0", "1"]

@@ -29,9 +29,10 @@ READ_TIMEOUT = 4
 # A worker that fails once the test creates $FAIL_FILE, else sleeps until it is stopped.
 WORKER = """\
 import json, os, sys, time
-out = os.environ["OUT_DIR"]
-with open(os.path.join(out, f"start_{os.environ['RANK']}.json"), "w") as f:
+path = os.path.join(os.environ["OUT_DIR"], f"start_{os.environ['RANK']}.json")
+with open(path + ".tmp", "w") as f:
     json.dump({"pid": os.getpid()}, f)
+os.replace(path + ".tmp", path)  # the test reads it: never half-written
 while not os.path.exists(os.environ["FAIL_FILE"]):
     time.sleep(0.05)
 sys.exit(3)

@@ -187,7 +187,9 @@ import os, sys, time
 import json  # preloaded by the tests
 if os.environ.get("IMPORT"):
     __import__(os.environ["IMPORT"])
-open(os.path.join(os.environ["OUT_DIR"], "start_" + os.environ["RANK"]), "w").write("{}")
+start = os.path.join(os.environ["OUT_DIR"], "start_" + os.environ["RANK"])
+open(start + ".tmp", "w").write("{}")
+os.replace(start + ".tmp", start)  # the test reads it: never half-written
 if os.environ.get("KILL_SELF"):
     os.kill(os.getpid(), 15)
     time.sleep(30)
