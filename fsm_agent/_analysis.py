@@ -385,12 +385,19 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
             else:
                 outcome = "aborted"
             end = _step_end(last)
-        # The deciding step: the one that consumed a restart or went to a final state, or the
-        # one a rule names, else the first.
-        decider = next((r for r in chain if r.data.get("rule")), None) or next(
-            (r for r in chain if any(str(a.get("name")) == "consume_restart" for a in r.actions)),
-            None) or next((r for r in chain if r.dest == dest and dest not in RUNNING_STATES),
-                          None) or (next((r for r in chain if r.guards), None) or rec)
+        # The deciding step. A chain that ended in a final state: the step into it, or the
+        # rule that chose it (not a rule that chose a backoff the store's loss or another
+        # agent's announcement then ended). Otherwise: the step a rule names, or that consumed
+        # a restart, else the first with guards, else the first.
+        ruled = next((r for r in chain if r.data.get("rule")), None)
+        final = next((r for r in chain if r.dest == dest and dest not in RUNNING_STATES), None)
+        if final is not None and (ruled is None or ruled.dest != dest):
+            decider = final
+        else:
+            decider = ruled or next(
+                (r for r in chain
+                 if any(str(a.get("name")) == "consume_restart" for a in r.actions)),
+                None) or (next((r for r in chain if r.guards), None) or rec)
         failures = _failures(rec, node)
         stacks: list[Mapping[str, Any]] = []
         hang_idle = 0.0

@@ -59,3 +59,25 @@ def test_otherwise_the_earliest_failure_is_blamed() -> None:
     trace = _trace({"0": _failure(0, 3, 99), "1": _failure(1, 1, 101, "/e/1.json")})
     a = analyse([trace], load_spec("torchelastic"))
     assert a.root_cause is not None and a.root_cause.rank == 0
+
+
+def test_a_job_failure_during_a_backoff_is_decided_by_the_step_that_ended_it() -> None:
+    # resilient: rule 'retry' chose a backoff, then the store was lost (job_failed) before the
+    # restart. The rule did not give up: the summary named it as if it had.
+    base = {"guards": [], "actions": [], "error": None, "restart_count": 0,
+            "remaining_restarts": 2}
+    records = [
+        {**base, "trigger": "start", "source": "INIT", "dest": "HEALTHY", "wall_time": 10.0,
+         "actions": [{"name": "rendezvous"}, {"name": "start_workers"}]},
+        {**base, "trigger": "failed", "source": "HEALTHY", "dest": "BACKOFF", "wall_time": 20.0,
+         "observed": "FAILED", "failures": {"1": _failure(1, 3, 20)}, "rule": "retry",
+         "actions": [{"name": "stop_workers"}, {"name": "consume_restart"}]},
+        {**base, "trigger": "job_failed", "source": "BACKOFF", "dest": "FAILED",
+         "wall_time": 20.5, "actions": [{"name": "stop_workers"}]},
+    ]
+    trace = Trace("<hand>", {"spec": "resilient", "node": "n0", "pid": 1}, None,
+                  tuple(TraceRecord(i, r) for i, r in enumerate(records, 1)))
+    a = analyse([trace], load_spec("resilient"))
+    text = format_text(a)
+    assert "decided by: job_failed BACKOFF -> FAILED" in text, text
+    assert "rule 'retry'" not in text, text
