@@ -84,6 +84,9 @@ logger = logging.getLogger("fsm_agent.torch")
 
 #: How long the agent waits for the template to fork a worker and answer.
 SPAWN_TIMEOUT = 60.0
+#: How long the template may take to import the modules (from its start); then it is killed
+#: and every worker starts cold.
+IMPORT_TIMEOUT = 300.0
 #: How long the agent waits for the template's exit status of a worker whose pidfd says it ended.
 STATUS_TIMEOUT = 10.0
 _MAX_MESSAGE = 1 << 20
@@ -132,8 +135,9 @@ class Template:
     """
 
     def __init__(self, modules: Sequence[str], interpreter: str, flags: Sequence[str],
-                 main: Sequence[str]) -> None:
+                 main: Sequence[str], *, import_timeout: float = IMPORT_TIMEOUT) -> None:
         self.modules = tuple(modules)
+        self.import_timeout = import_timeout
         self.interpreter = interpreter
         self.flags = tuple(flags)  # interpreter options before the script (-u)
         self.main = tuple(main)  # ("script.py",) or ("-m", "module")
@@ -199,9 +203,18 @@ class Template:
 
     def wait_ready(self) -> bool:
         """Wait (signals interrupt it) until the template has imported; whether it serves."""
+        deadline = self._started + self.import_timeout
         while not self.ready and self.failed is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if self.proc is not None:  # not reaped yet: its group id is still its own
+                    with contextlib.suppress(OSError):
+                        os.killpg(self.proc.pid, signal.SIGKILL)
+                self._fail(f"the modules did not import within {self.import_timeout:g} s "
+                           "(a module that hangs at import?); the template is killed")
+                break
             try:
-                self._pump(1.0)
+                self._pump(min(1.0, left))
             except _Dead as e:
                 self._fail(str(e))
         return self.ready
@@ -275,7 +288,7 @@ class Template:
                 except OSError as e:
                     raise _Dead(f"the template's control socket failed: {e}") from e
                 if not data:
-                    code = self.proc.poll() if self.proc is not None else None
+                    code = _exit_code(self.proc.pid) if self.proc is not None else None
                     raise _Dead(f"the template exited (status {code})")
                 self._receive(json.loads(data), fds)
 
@@ -305,12 +318,18 @@ class Template:
         if sock is not None:
             sock.close()  # the template exits on end-of-file
         proc = self.proc
-        if proc is not None and proc.poll() is None:
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None and proc.returncode is None:
+            deadline = time.monotonic() + 5
+            while _exit_code(proc.pid) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # What a module started at import lives in the template's process group (the
+            # workers have sessions of their own): it ends with the template. The template is
+            # not reaped yet, so its pid, the group's id, cannot name another process.
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                proc.kill()  # if its group could not be signalled
+            proc.wait()
         for _reply, fds in self._replies.values():
             for fd in fds:
                 os.close(fd)
@@ -319,6 +338,17 @@ class Template:
         if final and statuses is not None:
             self._statuses = None
             shutil.rmtree(statuses, ignore_errors=True)
+
+
+def _exit_code(pid: int) -> int | None:
+    """The exit code of child ``pid`` if it has ended, without reaping it (None if running)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 #: :meth:`Template.exit_status` when the template died: only the worker's own report is left.

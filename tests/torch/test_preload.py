@@ -253,3 +253,42 @@ def test_a_preloaded_modules_signal_handler_runs_in_warm_workers_as_in_cold_ones
         if extra:
             assert "--preload ckpt_on_term: imported in" in job.output
     assert roots == {"cold": "42", "warm": "42"}
+
+
+@pytest.mark.timeout(60)
+def test_a_module_that_hangs_at_import_is_given_up_and_what_it_started_ends(
+        tmp_path: Path) -> None:
+    # A real template (the agent's Template, no job around it): the module starts a child,
+    # then never finishes importing. Start-up blocked for ever before.
+    import sys
+
+    from fsm_agent.torch._preload import Template
+
+    child = tmp_path / "child.pid"
+    (tmp_path / "hangs_at_import.py").write_text(
+        "import os, subprocess, time\n"
+        f"p = subprocess.Popen(['sleep', '300']); open({str(child)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n")
+    script = tmp_path / "w.py"
+    script.write_text("")
+    template = Template(["hangs_at_import"], sys.executable, ["-u"], [str(script)],
+                        import_timeout=3)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tmp_path)
+    try:
+        template.start()
+    finally:
+        if old is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = old
+    started = time.monotonic()
+    assert template.wait_ready() is False
+    assert 3 <= time.monotonic() - started < 10
+    assert template.failed is not None and "did not import within 3 s" in template.failed
+    assert template.proc is not None and template.proc.returncode is not None  # killed, reaped
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")  # the module's child went with it
