@@ -6,8 +6,9 @@ not UTF-8, not JSON, or whose ``message`` is neither a string nor an object with
 ``extraInfo.timestamp``. The exception leaves ``_monitor_workers``, so the agent ends at the first
 failure with its restarts unused and no rank named (torchrun does the same).
 
-:func:`tolerant_error_files` swaps ``multiprocessing.api``'s ``ProcessFailure`` for a subclass
-during one look at the workers: a file torch cannot read becomes the failure's message
+:func:`tolerant_error_files` swaps ``multiprocessing.api``'s ``ProcessFailure`` for a factory
+during one look at the workers (its failures are still plain ``ProcessFailure``, so results
+pickle as before): a file torch cannot read becomes the failure's message
 (``unreadable error file PATH (UnicodeDecodeError: ...)``), its ``error_file`` ``<N/A>`` so that
 nothing reads it again (torchrun's ``@record`` copies the root cause's file), and the failure goes
 through the lifecycle like any other. torch touch points: feature ``error_files`` of
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,30 +28,23 @@ __all__ = ["tolerant_error_files"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
-_TOLERANT: Any = None
+def _tolerant_failure(*, local_rank: int, pid: int, exitcode: int, error_file: str) -> Any:
+    """torch's ``ProcessFailure(...)``, or, when torch cannot read ``error_file``, one built as
+    if there were none, whose message says why. Always a plain ``ProcessFailure``: results are
+    pickled (to other processes, to torch's tests) where this module may not exist."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-
-def _tolerant_class() -> Any:
-    global _TOLERANT  # noqa: PLW0603 - built once, on first use (torch is imported by then)
-    if _TOLERANT is None:
-        from torch.distributed.elastic.multiprocessing import errors
-
-        class TolerantProcessFailure(errors.ProcessFailure):  # type: ignore[misc, name-defined]
-            def __post_init__(self) -> None:
-                try:
-                    super().__post_init__()
-                except Exception as e:  # whatever torch could not make of the file
-                    path: str = getattr(self, "error_file", "?")
-                    self.error_file_data = {"message": ""}
-                    self.message = (f"unreadable error file {path} ({type(e).__name__}: "
-                                    f"{str(e)[:200]})")
-                    self.timestamp = int(time.time())
-                    self.error_file = "<N/A>"  # torch's mark for "no error file"
-                    logger.warning("local rank %s (pid %s, exit code %s): %s", self.local_rank,
-                                   self.pid, self.exitcode, self.message)
-
-        _TOLERANT = TolerantProcessFailure
-    return _TOLERANT
+    try:
+        return ProcessFailure(local_rank=local_rank, pid=pid, exitcode=exitcode,
+                              error_file=error_file)
+    except Exception as e:  # whatever torch could not make of the file
+        failure = ProcessFailure(local_rank=local_rank, pid=pid, exitcode=exitcode,
+                                 error_file="<N/A>")  # torch's mark for "no error file"
+        failure.message = (f"unreadable error file {error_file} ({type(e).__name__}: "
+                           f"{str(e)[:200]})")
+        logger.warning("local rank %s (pid %s, exit code %s): %s", local_rank, pid, exitcode,
+                       failure.message)
+        return failure
 
 
 @contextlib.contextmanager
@@ -63,7 +56,7 @@ def tolerant_error_files() -> Iterator[None]:
     from torch.distributed.elastic.multiprocessing import api
 
     original = api.ProcessFailure
-    api.ProcessFailure = _tolerant_class()
+    api.ProcessFailure = _tolerant_failure
     try:
         yield
     finally:

@@ -111,3 +111,23 @@ def test_an_unreadable_error_file_is_a_failure_like_any_other(jobs: Jobs, tmp_pa
     assert root["traceback"].startswith("unreadable error file "), root  # type: ignore[index]
     assert "(TypeError: " in root["traceback"], root  # type: ignore[index]
     assert "(UnicodeDecodeError: " in out, out[-3000:]  # attempt 0's, in the log
+
+
+def test_the_failure_of_an_unreadable_error_file_is_torchs_own_and_pickles(
+        tmp_path: Path) -> None:
+    # Results travel pickled (torch's own agent tests send them through a queue): a failure of
+    # a class of ours would not arrive where fsm_agent is not importable, or at all.
+    import pickle
+
+    from torch.distributed.elastic.multiprocessing import api, errors
+
+    from fsm_agent.torch._errorfiles import tolerant_error_files
+
+    bad = tmp_path / "error.json"
+    bad.write_bytes(b"\xff\xfe")
+    with tolerant_error_files():
+        failure = api.ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(bad))
+    assert type(failure) is errors.ProcessFailure
+    again = pickle.loads(pickle.dumps(failure))
+    assert again.message.startswith(f"unreadable error file {bad} (UnicodeDecodeError")
+    assert again.error_file == "<N/A>"
