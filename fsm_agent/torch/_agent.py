@@ -44,6 +44,7 @@ from fsm_agent.torch._job import JOB_FAILED, AgentJob
 from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
+from fsm_agent.torch._sentinel import SentinelMixin
 from fsm_agent.torch._tick import QuietTicks
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
@@ -603,9 +604,10 @@ def _weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-# hang watchdog, process-group reaping and warm starts (fsm_agent.torch._heartbeat, _reaper,
-# _preload)
+# the sentinel, hang watchdog, process-group reaping and warm starts (fsm_agent.torch._sentinel,
+# _heartbeat, _reaper, _preload)
 class FSMElasticAgent(  # type: ignore[misc]
+    SentinelMixin,
     LifecycleAgentMixin,
     HangWatchdogMixin,
     ProcessGroupReaperMixin,
@@ -617,6 +619,8 @@ class FSMElasticAgent(  # type: ignore[misc]
     Takes ``LocalElasticAgent``'s arguments (``spec`` is the ``WorkerSpec``, ``logs_specs``,
     ``start_method``, ``exit_barrier_timeout``, ``log_line_prefix_template``,
     ``shutdown_timeout``, ...) plus the mixin's ``lifecycle_spec``, ``listeners`` and
-    ``isolate_worker_store``, and ``preload`` (module names: script workers are forked from a
-    process that imported them once, ``fsm_agent.torch._preload``; default none).
+    ``isolate_worker_store``, ``preload`` (module names: script workers are forked from a
+    process that imported them once, ``fsm_agent.torch._preload``; default none) and
+    ``sentinel`` (default True: a process that ends the workers and their descendants when the
+    agent dies, SIGKILL included, ``fsm_agent.torch._sentinel``).
     """
