@@ -77,3 +77,30 @@ def test_under_torchrun_the_family_runs_on(jobs: Jobs) -> None:
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     assert len(left) == len(pids), left  # every one was still running
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_killed_at_the_exit_barrier_leaves_nothing_of_its_finished_workers(
+        jobs: Jobs) -> None:
+    # Two nodes: A's workers finish (their families left running) and A waits at the exit
+    # barrier for B, whose workers still run; A is SIGKILLed there.
+    from fsm_test_procs import free_port
+
+    port = free_port()
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "barrier", *FAST]
+    a = jobs.start(args, FAMILY, env={"EXIT_AFTER": "0.5"}, name="a")
+    a.wait_listening(port, 60)
+    b = jobs.start(args, FAMILY, name="b")
+    a.wait_output("Waiting 300 seconds for other agents", 60)
+    b.wait_for("a0_r*.json", 1, 30)
+    pids = _everyone(a, "a0_r*.json")
+    assert [p for p in pids if alive(p)], "the finished workers left their families running"
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(10)
+    _gone_within(pids, BOUND)
+    others = _everyone(b, "a0_r*.json")
+    assert others and all(alive(p) for p in others)  # another agent's are not A's to end
+    os.kill(b.pid, signal.SIGTERM)  # stopped as a user would
+    b.wait(30)
+    _gone_within(others, BOUND)

@@ -45,7 +45,7 @@ def main() -> int:
 
     def listener(step) -> None:
         agent = agent_box[0]
-        steps.append({"dest": step.dest, "time": time.monotonic(),
+        steps.append({"dest": step.dest, "start": step.monotonic_time, "time": time.monotonic(),
                       "group": agent.get_worker_group().state.name,
                       "reported": agent.lifecycle.state.name})
 
