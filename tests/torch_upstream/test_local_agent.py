@@ -248,7 +248,10 @@ def test_run_with_custom_log_lines(procs: Procs, tmp_path: Path) -> None:
     out = "".join((tmp_path / f"agent{i}.out").read_text() for i in range(2))
     for rank in range(4):
         local = rank % 2
-        assert re.search(rf"^\[sum-{local}:{rank}\]:summing on rank {rank}$", out, re.M), out
+        # no "$": on a loaded machine torch's tail reader can read a line before its newline
+        # is written and prefix the rest as a line of its own (seen in a run beside a second
+        # copy of the suite: "[sum-1:1]:summing on rank 1[sum-1:1]:")
+        assert re.search(rf"^\[sum-{local}:{rank}\]:summing on rank {rank}", out, re.M), out
 
 
 @pytest.mark.timeout(120)
