@@ -17,19 +17,26 @@ def _failure(rank: int, exitcode: int, timestamp: int, error_file: str | None = 
             "message": f"exit {exitcode}"}
 
 
-def _trace(failures: dict[str, Any]) -> Trace:
+_START = {"trigger": "start", "source": "INIT", "dest": "HEALTHY", "wall_time": 10.0,
+          "actions": [{"name": "rendezvous"}, {"name": "start_workers"}]}
+
+
+def _hand_trace(spec: str, steps: list[dict[str, Any]], remaining: int = 0) -> Trace:
+    """One agent's trace of ``spec``: the start, then ``steps`` (each step's own fields)."""
     base = {"guards": [], "actions": [], "error": None, "restart_count": 0,
-            "remaining_restarts": 0}
-    records = [
-        {**base, "trigger": "start", "source": "INIT", "dest": "HEALTHY", "wall_time": 10.0,
-         "actions": [{"name": "rendezvous"}, {"name": "start_workers"}]},
-        {**base, "trigger": "failed", "source": "HEALTHY", "dest": "FAILED", "wall_time": 20.0,
+            "remaining_restarts": remaining}
+    records = [{**base, **step} for step in (_START, *steps)]
+    return Trace("<hand>", {"spec": spec, "node": "n0", "pid": 1}, None,
+                 tuple(TraceRecord(i, r) for i, r in enumerate(records, 1)))
+
+
+def _trace(failures: dict[str, Any]) -> Trace:
+    return _hand_trace("torchelastic", [
+        {"trigger": "failed", "source": "HEALTHY", "dest": "FAILED", "wall_time": 20.0,
          "observed": "FAILED", "failures": failures,
          "guards": [{"name": "has_restarts_left", "value": False}],
          "actions": [{"name": "stop_workers"}]},
-    ]
-    return Trace("<hand>", {"spec": "torchelastic", "node": "n0", "pid": 1}, None,
-                 tuple(TraceRecord(i, r) for i, r in enumerate(records, 1)))
+    ])
 
 
 def test_a_rank_torch_stopped_is_not_the_root_cause_even_when_stamped_earlier() -> None:
@@ -64,19 +71,13 @@ def test_otherwise_the_earliest_failure_is_blamed() -> None:
 def test_a_job_failure_during_a_backoff_is_decided_by_the_step_that_ended_it() -> None:
     # resilient: rule 'retry' chose a backoff, then the store was lost (job_failed) before the
     # restart. The rule did not give up: the summary named it as if it had.
-    base = {"guards": [], "actions": [], "error": None, "restart_count": 0,
-            "remaining_restarts": 2}
-    records = [
-        {**base, "trigger": "start", "source": "INIT", "dest": "HEALTHY", "wall_time": 10.0,
-         "actions": [{"name": "rendezvous"}, {"name": "start_workers"}]},
-        {**base, "trigger": "failed", "source": "HEALTHY", "dest": "BACKOFF", "wall_time": 20.0,
+    trace = _hand_trace("resilient", [
+        {"trigger": "failed", "source": "HEALTHY", "dest": "BACKOFF", "wall_time": 20.0,
          "observed": "FAILED", "failures": {"1": _failure(1, 3, 20)}, "rule": "retry",
          "actions": [{"name": "stop_workers"}, {"name": "consume_restart"}]},
-        {**base, "trigger": "job_failed", "source": "BACKOFF", "dest": "FAILED",
-         "wall_time": 20.5, "actions": [{"name": "stop_workers"}]},
-    ]
-    trace = Trace("<hand>", {"spec": "resilient", "node": "n0", "pid": 1}, None,
-                  tuple(TraceRecord(i, r) for i, r in enumerate(records, 1)))
+        {"trigger": "job_failed", "source": "BACKOFF", "dest": "FAILED", "wall_time": 20.5,
+         "actions": [{"name": "stop_workers"}]},
+    ], remaining=2)
     a = analyse([trace], load_spec("resilient"))
     text = format_text(a)
     assert "decided by: job_failed BACKOFF -> FAILED" in text, text
