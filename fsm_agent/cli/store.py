@@ -15,6 +15,7 @@ no address of this machine is one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import socket
 import sys
@@ -60,8 +61,15 @@ def _serve(argv: list[str]) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: not a port (0-65535)")
     # Blocked before the store's threads start, so they inherit the mask and the signals wait
-    # for sigwait below instead of reaching a C++ thread.
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+    # for sigwait below instead of reaching a C++ thread; given back for an in-process caller.
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+    try:
+        return _listen(args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _listen(args: argparse.Namespace) -> int:
     from fsm_agent.torch._loopback import listening_store
 
     try:
@@ -69,9 +77,9 @@ def _serve(argv: list[str]) -> int:
     except socket.gaierror as e:
         raise UsageError(f"--host {args.host}: no such host ({e.strerror or e})") from None
     except OSError as e:
-        what = {98: f"--port {args.port}: already in use on {args.host} (another store or an "
-                    "agent hosting one?)",
-                99: f"--host {args.host}: not an address of this machine"}.get(
+        what = {errno.EADDRINUSE: f"--port {args.port}: already in use on {args.host} (another "
+                                  "store or an agent hosting one?)",
+                errno.EADDRNOTAVAIL: f"--host {args.host}: not an address of this machine"}.get(
                     e.errno or 0, f"--host {args.host} --port {args.port}: cannot listen")
         raise UsageError(f"{what} ({e.strerror or e})") from None
     print(f"{PROG}: listening on {args.host}:{store.port} (torch TCPStore, timeout "
