@@ -487,11 +487,13 @@ def _dumps(record: Mapping[str, Any]) -> str:
         line = json.dumps(record, allow_nan=False, default=repr) + "\n"
     # No line the reader refuses (a worker's 20 MB error message, kept twice by torch's
     # failure): its strings are cut to 64 KiB, then 4 KiB, then 256 characters until it fits.
+    data: Any = None
     for limit in (1 << 16, 1 << 12, 1 << 8):
         if len(line) <= MAX_LINE_BYTES // 4 or len(line.encode()) <= MAX_LINE_BYTES:
             return line
-        line = json.dumps(_cut_strings(_jsonable(record), limit), allow_nan=False,
-                          default=repr) + "\n"
+        if data is None:
+            data = _jsonable(record)
+        line = json.dumps(_cut_strings(data, limit), allow_nan=False, default=repr) + "\n"
     return line
 
 

@@ -60,22 +60,21 @@ class _Call:
 
 
 class StoreCalls:
-    """One thread that makes store calls, each waited for at most ``timeout`` seconds."""
+    """One thread that makes store calls, each waited for at most ``timeout`` seconds (the
+    thread runs for as long as the process: a daemon, idle between calls)."""
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         #: Why the store is lost (the first call that found no answer), or None.
         self.lost: str | None = None
         self._queue: queue.SimpleQueue[_Call] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        threading.Thread(target=self._serve, name="fsm-agent-store", daemon=True).start()
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the store thread; :class:`StoreUnresponsive` if it takes longer
         than the timeout (or an earlier call did)."""
         if self.lost is not None:
             raise StoreUnresponsive(self.lost)
-        self._ensure_thread()
         call = _Call(fn, args)
         self._queue.put(call)
         if not call.done.wait(self.timeout):
@@ -86,13 +85,6 @@ class StoreCalls:
         if call.error is not None:
             raise call.error
         return call.value  # type: ignore[no-any-return]
-
-    def _ensure_thread(self) -> None:
-        with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="fsm-agent-store",
-                                                daemon=True)
-                self._thread.start()
 
     def _serve(self) -> None:
         while True:

@@ -28,6 +28,7 @@ __all__ = ["tolerant_error_files"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
+
 def _tolerant_failure(*, local_rank: int, pid: int, exitcode: int, error_file: str) -> Any:
     """torch's ``ProcessFailure(...)``, or, when torch cannot read ``error_file``, one built as
     if there were none, whose message says why. Always a plain ``ProcessFailure``: results are

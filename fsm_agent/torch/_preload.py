@@ -288,7 +288,7 @@ class Template:
                 except OSError as e:
                     raise _Dead(f"the template's control socket failed: {e}") from e
                 if not data:
-                    code = _exit_code(self.proc.pid) if self.proc is not None else None
+                    code = _ended_with(self.proc.pid) if self.proc is not None else None
                     raise _Dead(f"the template exited (status {code})")
                 self._receive(json.loads(data), fds)
 
@@ -320,7 +320,7 @@ class Template:
         proc = self.proc
         if proc is not None and proc.returncode is None:
             deadline = time.monotonic() + 5
-            while _exit_code(proc.pid) is None and time.monotonic() < deadline:
+            while _ended_with(proc.pid) is None and time.monotonic() < deadline:
                 time.sleep(0.01)
             # What a module started at import lives in the template's process group (the
             # workers have sessions of their own): it ends with the template. The template is
@@ -340,7 +340,7 @@ class Template:
             shutil.rmtree(statuses, ignore_errors=True)
 
 
-def _exit_code(pid: int) -> int | None:
+def _ended_with(pid: int) -> int | None:
     """The exit code of child ``pid`` if it has ended, without reaping it (None if running)."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
