@@ -211,18 +211,23 @@ class JobOutcome:
             code = 1
         return cls(exit_code=code, node=node, reason=reason, outcome=outcome)
 
+    @property
+    def preempted(self) -> bool:
+        """Whether the job ended by a preemption (its agents drain, not fail)."""
+        return self.outcome == "PREEMPTED"
+
     def describe(self) -> str:
         """One line for logs and the final message."""
-        return (f"the job failed: {self.reason} (announced by {self.node}, "
-                f"exit code {self.exit_code})")
+        what = "the job is preempted" if self.preempted else "the job failed"
+        return f"{what}: {self.reason} (announced by {self.node}, exit code {self.exit_code})"
 
 
 class JobOver(TriggerInterrupt):
     """The job is over: raised from inside an action (a rendezvous, a restart's claim) so that
     the lifecycle takes ``job_failed`` at once instead of finishing the action."""
 
-    def __init__(self, outcome: JobOutcome) -> None:
-        super().__init__(JOB_FAILED, outcome.describe())
+    def __init__(self, outcome: JobOutcome, trigger: str = JOB_FAILED) -> None:
+        super().__init__(trigger, outcome.describe())
         self.outcome = outcome
 
 
@@ -278,11 +283,13 @@ class JobChannel:
         """The job's outcome, once this agent knows it (it never changes afterwards)."""
         return self._outcome
 
-    def announce(self, exit_code: int, reason: str) -> JobOutcome:
-        """Announce that the job failed; return the outcome that won (maybe another agent's)."""
+    def announce(self, exit_code: int, reason: str, *, outcome: str = "FAILED") -> JobOutcome:
+        """Announce that the job failed (or, ``outcome="PREEMPTED"``, that it is preempted);
+        return the outcome that won (maybe another agent's)."""
         if self._outcome is not None:
             return self._outcome
-        mine = JobOutcome(exit_code=int(exit_code), node=self.node, reason=reason)
+        mine = JobOutcome(exit_code=int(exit_code), node=self.node, reason=reason,
+                          outcome=outcome)
         held = self.store.compare_set(self.outcome_key, "", mine.encode())
         self._learn(JobOutcome.decode(held))
         assert self._outcome is not None

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 import attrs
 
 from ._context import MAX_ATTEMPTS_KEPT, Action, ActionDef, Context, Guard, Kind, frozen_mapping
+from ._drain import ACTION_KINDS as DRAIN_ACTION_KINDS
+from ._drain import ACTIONS as DRAIN_ACTIONS
 from ._errors import WorkerGroupFailureException
 from ._health import ACTION_KINDS as HEALTH_ACTION_KINDS
 from ._health import GUARD_KINDS as HEALTH_GUARD_KINDS
@@ -163,6 +165,7 @@ _BUILTIN_ACTIONS: dict[str, ActionDef] = {
     "raise_failure": ActionDef(_raise_failure, terminal=True),
     "raise_invalid_state": ActionDef(_raise_invalid_state, terminal=True),
     "capture_stacks": ActionDef(_capture_stacks),
+    **DRAIN_ACTIONS,
 }
 
 
@@ -234,7 +237,7 @@ def _check_new(
 
 
 _BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS, {**GUARD_KINDS, **HEALTH_GUARD_KINDS},
-                      {**ACTION_KINDS, **HEALTH_ACTION_KINDS})
+                      {**ACTION_KINDS, **HEALTH_ACTION_KINDS, **DRAIN_ACTION_KINDS})
 
 
 def _builtin() -> Vocabulary:

@@ -60,6 +60,14 @@ _MODEL_ACTIONS = {
     "raise_failure": (),
     "raise_invalid_state": (),
     "capture_stacks": (),
+    # a drain (fsm_agent._drain): the workers end as the drain says; raise_preempted only ends
+    "kill_workers": ("kill_workers",),
+    "raise_preempted": (),
+}
+# Parameterised actions the model knows by their kind.
+_KIND_ACTIONS = {
+    "announce_preemption": ("announce_preemption",),
+    "drain_workers": ("drain_workers",),
 }
 _CODE_KIND = "set_exit_code"
 # A node that leaves the job (a failed health check): it neither fails the job nor reports.
@@ -130,12 +138,15 @@ def _leaving(spec: Spec) -> set[str]:
 def _model_actions(spec: Spec, names: Sequence[str], where: str) -> list[str]:
     codes = _code_actions(spec)
     leaving = _leaving(spec)
+    kinds = {d.name: d.kind for d in spec.action_defs}
     out: list[str] = []
     for name in names:
         if name in codes:
             out.append(name)
         elif name in leaving:
             out.append(_LEAVE_KIND)
+        elif kinds.get(name) in _KIND_ACTIONS:
+            out.extend(_KIND_ACTIONS[kinds[name]])
         elif name in _MODEL_ACTIONS:
             out.extend(_MODEL_ACTIONS[name])
         else:
@@ -269,6 +280,7 @@ CONSTANTS
     MaxCrashes = {max_crashes}
     MaxLeaves = {max_leaves}
     MaxRejoins = {max_rejoins}
+    MaxPreempts = {max_preempts}
     Outcomes = {outcomes}
     LocalCount = {local_count}
     Initial <- SpecInitial
@@ -282,7 +294,7 @@ CONSTANTS
 SPECIFICATION Spec
 {symmetry}
 INVARIANTS JobBudget AgentBudget Agreement NoStaleHealthy PromptEnd FailureAnnounced
-    JobFailedHandled StoppedAtEnd
+    JobFailedHandled StoppedAtEnd DrainNotSuccess
 {properties}
 """
 
@@ -295,6 +307,7 @@ def check_protocol(
     max_crashes: int = 1,
     max_leaves: int = 0,
     max_rejoins: int = 1,
+    max_preempts: int = 1,
     outcomes: Sequence[str] = ("failed", "succeeded"),
     liveness: bool = True,
     symmetry: bool = False,
@@ -341,6 +354,7 @@ def check_protocol(
                 max_crashes=max_crashes,
                 max_leaves=max_leaves,
                 max_rejoins=max_rejoins,
+                max_preempts=max_preempts,
                 outcomes=_tla_set(outcomes),
                 local_count="TRUE" if broken_count else "FALSE",
                 properties="PROPERTY Termination" if liveness else "",

@@ -4,7 +4,8 @@
 (* a fixed --nnodes), the rendezvous store they share (torch's TCPStore),  *)
 (* c10d rendezvous rounds, the job-wide restart budget, the job-failed     *)
 (* announcement and the exit barrier; agents may crash, leave on a signal  *)
-(* and be replaced by a new process that rejoins.                          *)
+(* and be replaced by a new process that rejoins, and a preemption signal  *)
+(* may drain the whole job (a PREEMPTED announcement, same exit code).     *)
 (*                                                                         *)
 (* Each agent runs the lifecycle of a spec file: the constants Trans,      *)
 (* EnterActs, ExitActs, Initial, Final and Scope are generated from        *)
@@ -28,6 +29,7 @@ CONSTANTS
     MaxCrashes,     \* agents that may die at any moment (no announcement, no acknowledgement)
     MaxLeaves,      \* agents that may leave on a termination signal while their workers run
     MaxRejoins,     \* new agent processes that may take a crashed or departed node's place
+    MaxPreempts,    \* drain signals (drain_on) that may reach a running agent
     Outcomes,       \* how workers may end: a subset of {"failed", "unhealthy", "succeeded",
                     \* "hung"} (hung: no progress, delivered as the spec's own trigger)
     LocalCount,     \* TRUE: the broken variant, each agent counts a job budget by itself
@@ -46,6 +48,10 @@ Gone == {"crashed", "left", "exit"}
 Obs == [failed |-> "failed", unhealthy |-> "unhealthy", succeeded |-> "succeeded",
         hung |-> "hung", run |-> "healthy", none |-> "stopped"]
 Rng(s) == {s[i] : i \in DOMAIN s}
+\* A preemption's announcement: its exit code is the one every agent ends with; the model only
+\* needs to tell it from a failure's.
+PreemptCode == "preempted"
+Kind(c) == IF c = PreemptCode THEN "PREEMPTED" ELSE "FAILED"
 
 VARIABLES
     proc,      \* the agent process: "run", "end" (lifecycle final), or one of Gone
@@ -58,6 +64,7 @@ VARIABLES
     used,      \* failure restarts counted by this agent process (agent scope)
     code,      \* the exit code the agent reports on failure: "1" or a CodeActions name
     seen,      \* the agent has read (and acknowledged) the announcement
+    sig,       \* a drain signal reached the agent (it takes "preempted" where it can)
     rep,       \* what the agent reported when it exited: <<outcome, exit code>>
     round,     \* the last completed rendezvous round
     members,   \* the agents of that round
@@ -72,14 +79,15 @@ VARIABLES
     slow,      \* ghost: waits an agent did not end although the job was already over
     flaw       \* ghost: the first thing the lifecycle did out of protocol order ("none")
 
-vars == <<proc, st, todo, dst, blk, wk, rnd, used, code, seen, rep, round, members, joining,
-          arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
+vars == <<proc, st, todo, dst, blk, wk, rnd, used, code, seen, sig, rep, round, members,
+          joining, arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
 
 Obsv == {"healthy", "failed", "unhealthy", "succeeded", "stopped", "unknown", "init", "hung"}
 Srcs(t) == {Trans[i].src : i \in {j \in DOMAIN Trans : Trans[j].trig \in t}}
 Transient == Srcs({"always"})
 Observed == Srcs(Obsv)
 Timed == Srcs({"timeout"})
+Draining == Srcs({"drained"})
 Cands(s, t) == {i \in DOMAIN Trans : Trans[i].src = s /\ Trans[i].trig = t}
 
 JobCount == Scope = "job" /\ ~LocalCount
@@ -97,6 +105,11 @@ Plan(i) == Trans[i].act
            \o Trans[i].aft
 Accepts(a, t) == \E i \in Cands(st[a], t) : Holds(a, i)
 JobOver == ann # None
+\* The agent owes its lifecycle a preemption (its own signal, or the job's announcement) and
+\* rests in a state that takes it: it comes before anything else the agent would do.
+Pre(a) == (sig[a] \/ ann = PreemptCode) /\ Accepts(a, "preempted")
+\* A wait that ends with the job already over counts as too long, except the drain's own.
+Late(a) == IF ann # None /\ st[a] \notin Draining THEN 1 ELSE 0
 
 \* Take an enabled transition on trigger t (several only when an unknown guard decides).
 Fire(a, t) == \E i \in Cands(st[a], t) :
@@ -125,13 +138,18 @@ Error(a) == Fault(a) /\ Announce(a, code[a])
 \* A monitor tick in an observed state; the poll of the store comes first.
 Tick(a) ==
     /\ proc[a] = "run" /\ todo[a] = << >> /\ st[a] \in Observed
-    /\ IF ann # None /\ Accepts(a, "job_failed")
+    /\ IF Pre(a)
+       THEN /\ Fire(a, "preempted")
+            /\ seen' = [seen EXCEPT ![a] = @ \/ ann # None]
+            /\ UNCHANGED <<st, blk, joining, ann, stale, slow, flaw>>
+       ELSE IF ann # None /\ Accepts(a, "job_failed")
        THEN /\ Fire(a, "job_failed")
             /\ seen' = [seen EXCEPT ![a] = TRUE]
             /\ UNCHANGED <<st, blk, joining, ann, stale, slow, flaw>>
        ELSE LET t == Obs[wk[a]] IN
-            \* a tick that reads the announcement and cannot act on it is a wait too long
-            /\ slow' = slow + (IF ann # None THEN 1 ELSE 0)
+            \* a tick that reads the announcement (or follows a drain signal) and cannot act
+            \* on it is a wait too long
+            /\ slow' = slow + (IF ann # None \/ sig[a] THEN 1 ELSE 0)
             /\ IF Accepts(a, t)
                THEN \E i \in Cands(st[a], t) :
                      /\ Holds(a, i)
@@ -142,7 +160,7 @@ Tick(a) ==
                      /\ seen' = [seen EXCEPT ![a] = @ \/ ann # None]
                      /\ UNCHANGED <<st, blk, joining, ann>>
                ELSE Error(a) /\ UNCHANGED <<dst, stale, flaw>>
-    /\ UNCHANGED <<proc, wk, rnd, used, code, rep, round, members, arrived, ledger,
+    /\ UNCHANGED <<proc, wk, rnd, used, code, sig, rep, round, members, arrived, ledger,
                    faults, restarts, failing, flaw>>
 
 \* Leave INIT (the poll first: a late or new agent of a failed job never starts), take an
@@ -150,24 +168,31 @@ Tick(a) ==
 Idle(a) ==
     /\ proc[a] = "run" /\ todo[a] = << >> /\ st[a] \notin Observed /\ st[a] \notin Final
     /\ seen' = [seen EXCEPT ![a] = @ \/ ann # None]
-    /\ \/ ann # None /\ Accepts(a, "job_failed") /\ Fire(a, "job_failed") /\ UNCHANGED slow
-       \/ /\ ~(ann # None /\ Accepts(a, "job_failed"))
+    /\ \/ Pre(a) /\ Fire(a, "preempted") /\ UNCHANGED slow
+       \/ /\ ~Pre(a)
+          /\ ann # None /\ Accepts(a, "job_failed") /\ Fire(a, "job_failed") /\ UNCHANGED slow
+       \/ /\ ~Pre(a) /\ ~(ann # None /\ Accepts(a, "job_failed"))
           /\ \/ st[a] \in Transient /\ Fire(a, "always") /\ UNCHANGED slow
+             \* every worker has exited during a drain
+             \/ /\ st[a] \in Draining /\ wk[a] \notin {"run", "draining"}
+                /\ Fire(a, "drained") /\ UNCHANGED slow
              \* starting, or waiting out a timer, in a job known to be over
              \/ /\ st[a] = Initial /\ Fire(a, "start")
-                /\ slow' = slow + (IF ann # None THEN 1 ELSE 0)
+                /\ slow' = slow + Late(a)
              \/ /\ st[a] \in Timed /\ Fire(a, "timeout")
-                /\ slow' = slow + (IF ann # None THEN 1 ELSE 0)
-    /\ UNCHANGED <<proc, st, blk, wk, rnd, used, code, rep, round, members, joining, arrived,
-                   ann, ledger, faults, restarts, failing, stale, flaw>>
+                /\ slow' = slow + Late(a)
+    /\ UNCHANGED <<proc, st, blk, wk, rnd, used, code, sig, rep, round, members, joining,
+                   arrived, ann, ledger, faults, restarts, failing, stale, flaw>>
 
 \* The engine's reaction to an announcement read inside an action: before the state change
 \* the action raises and the machine takes job_failed from its source state; an entry action
 \* of a final state (the exit barrier) just ends early.
 InFinalEnter(a) == st[a] \in Final /\ "@" \notin Rng(todo[a])
-CanInterrupt(a) == InFinalEnter(a) \/ Accepts(a, "job_failed")
+CanInterrupt(a) == InFinalEnter(a) \/ Accepts(a, "job_failed") \/ Pre(a)
 Interrupt(a) == /\ blk' = [blk EXCEPT ![a] = "no"]
-                /\ IF InFinalEnter(a) THEN Pop(a) /\ UNCHANGED dst ELSE Fire(a, "job_failed")
+                /\ IF InFinalEnter(a) THEN Pop(a) /\ UNCHANGED dst
+                   ELSE IF Pre(a) THEN Fire(a, "preempted")
+                   ELSE Fire(a, "job_failed")
 
 \* The actions of the transition in flight run one after the other; the model runs every
 \* action up to the next one that waits (rendezvous, exit barrier) as one step. Guards are
@@ -192,6 +217,13 @@ Apply(a, x, v) ==
            ELSE [v EXCEPT !.ann = IF v.ann = None THEN v.code ELSE v.ann, !.seen = TRUE,
                           !.halt = TRUE]
       [] x \in CodeActions -> [v EXCEPT !.code = x]
+      \* a drain: settle the preemption's exit code (the job's, if it has one already) and
+      \* announce it; signal the workers; kill what is left when the drain's time is up
+      [] x = "announce_preemption" ->
+           LET c == IF v.ann = None THEN PreemptCode ELSE v.ann
+           IN [v EXCEPT !.ann = c, !.code = c, !.seen = TRUE]
+      [] x = "drain_workers" -> [v EXCEPT !.wk = IF @ = "run" THEN "draining" ELSE @]
+      [] x = "kill_workers" -> [v EXCEPT !.wk = "none"]
       \* a node that failed its health checks leaves the job: it neither fails it nor reports
       [] x = "leave_job" -> [v EXCEPT !.left = TRUE]
       [] OTHER -> v   \* raise_failure and others without effect on the protocol
@@ -234,7 +266,7 @@ Step(a) ==
                  /\ flaw' = v.flaw
                  /\ proc' = [proc EXCEPT ![a] = IF v.left THEN "left" ELSE @]
                  /\ UNCHANGED <<dst, blk, joining, arrived>>
-    /\ UNCHANGED <<rnd, rep, round, members, faults, restarts, failing, stale, slow>>
+    /\ UNCHANGED <<rnd, sig, rep, round, members, faults, restarts, failing, stale, slow>>
 
 \* Waiting in the rendezvous: the poll reads the announcement, or finds that a node of the
 \* last round has already reached its exit barrier (the round to come can never complete:
@@ -243,7 +275,10 @@ RdzvPoll(a) ==
     /\ proc[a] = "run" /\ blk[a] = "rdzv"
     /\ \/ ann # None
        \/ arrived # {}
-    /\ Announce(a, "1")
+       \/ Pre(a)
+    \* a preemption of its own announces nothing here: the drain's entry does
+    /\ IF Pre(a) THEN seen' = [seen EXCEPT ![a] = @ \/ ann # None] /\ UNCHANGED ann
+       ELSE Announce(a, "1")
     /\ joining' = joining \ {a}
     /\ IF CanInterrupt(a)
        THEN Interrupt(a) /\ UNCHANGED <<st, flaw>>
@@ -253,7 +288,7 @@ RdzvPoll(a) ==
             /\ blk' = [blk EXCEPT ![a] = "no"]
             /\ flaw' = IF flaw = "none" THEN "job_failed unhandled" ELSE flaw
             /\ UNCHANGED dst
-    /\ UNCHANGED <<proc, wk, rnd, used, code, rep, round, members, arrived, ledger,
+    /\ UNCHANGED <<proc, wk, rnd, used, code, sig, rep, round, members, arrived, ledger,
                    faults, restarts, failing, stale, slow>>
 
 \* Every node of --nnodes has joined: the round completes.
@@ -268,7 +303,8 @@ Form ==
     /\ arrived' = {}
     /\ restarts' = restarts + (IF failing THEN 1 ELSE 0)
     /\ failing' = FALSE
-    /\ UNCHANGED <<proc, st, dst, wk, used, code, seen, rep, ann, ledger, faults, stale, slow, flaw>>
+    /\ UNCHANGED <<proc, st, dst, wk, used, code, seen, sig, rep, ann, ledger, faults, stale, slow,
+                   flaw>>
 
 \* Timeouts are long and polls short: no timeout fires while a poll is about to announce.
 Quiet == ~\E b \in Agents : ENABLED RdzvPoll(b)
@@ -281,7 +317,7 @@ RdzvTimeout(a) ==
     /\ ~(ann # None /\ CanInterrupt(a))
     /\ slow' = slow + (IF JobOver THEN 1 ELSE 0)
     /\ Error(a)
-    /\ UNCHANGED <<proc, dst, wk, rnd, used, code, rep, round, members, arrived,
+    /\ UNCHANGED <<proc, dst, wk, rnd, used, code, sig, rep, round, members, arrived,
                    ledger, faults, restarts, failing, stale, flaw>>
 
 \* At the exit barrier: everyone arrived, or the announcement ends the wait, or a timeout.
@@ -296,15 +332,15 @@ Barrier(a) ==
           /\ slow' = slow + (IF JobOver THEN 1 ELSE 0)
     /\ blk' = [blk EXCEPT ![a] = "no"]
     /\ Pop(a)
-    /\ UNCHANGED <<proc, st, dst, wk, rnd, used, code, rep, round, members, joining, arrived,
-                   ann, ledger, faults, restarts, failing, stale, flaw>>
+    /\ UNCHANGED <<proc, st, dst, wk, rnd, used, code, sig, rep, round, members, joining,
+                   arrived, ann, ledger, faults, restarts, failing, stale, flaw>>
 
 \* The lifecycle is final: the agent's own epilogue (fsm_agent.torch).
 Settle(a) ==
     /\ proc[a] = "run" /\ todo[a] = << >> /\ st[a] \in Final
     /\ proc' = [proc EXCEPT ![a] = "end"]
-    /\ UNCHANGED <<st, todo, dst, blk, wk, rnd, used, code, seen, rep, round, members, joining,
-                   arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
+    /\ UNCHANGED <<st, todo, dst, blk, wk, rnd, used, code, seen, sig, rep, round, members,
+                   joining, arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
 
 Linger(a) ==
     /\ proc[a] = "end"
@@ -322,18 +358,18 @@ Linger(a) ==
           \* every live peer has read the announcement: the store may go now
           /\ \A b \in Agents \ {a} : seen[b] \/ proc[b] \in Gone
           /\ proc' = [proc EXCEPT ![a] = "exit"]
-          /\ rep' = [rep EXCEPT ![a] = <<"FAILED", ann>>]
+          /\ rep' = [rep EXCEPT ![a] = <<Kind(ann), ann>>]
           /\ UNCHANGED <<seen, ann>>
-    /\ UNCHANGED <<st, todo, dst, blk, wk, rnd, used, code, round, members, joining, arrived,
-                   ledger, faults, restarts, failing, stale, slow, flaw>>
+    /\ UNCHANGED <<st, todo, dst, blk, wk, rnd, used, code, sig, round, members, joining,
+                   arrived, ledger, faults, restarts, failing, stale, slow, flaw>>
 
 \* Wherever it waits, the agent polls the store and acknowledges the announcement it reads,
 \* even where its lifecycle cannot act on it.
 Ack(a) ==
     /\ proc[a] = "run" /\ ann # None /\ ~seen[a]
     /\ seen' = [seen EXCEPT ![a] = TRUE]
-    /\ UNCHANGED <<proc, st, todo, dst, blk, wk, rnd, used, code, rep, round, members, joining,
-                   arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
+    /\ UNCHANGED <<proc, st, todo, dst, blk, wk, rnd, used, code, sig, rep, round, members,
+                   joining, arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
 
 Agent(a) == Ack(a) \/ Tick(a) \/ Idle(a) \/ Step(a) \/ RdzvPoll(a) \/ Barrier(a) \/ Settle(a) \/ Linger(a)
 
@@ -348,8 +384,26 @@ WorkersEnd(a) ==
     /\ \E o \in Outcomes \ (IF CanSucceed THEN {} ELSE {"succeeded"}) :
          /\ wk' = [wk EXCEPT ![a] = o]
          /\ failing' = (failing \/ o # "succeeded")
-    /\ UNCHANGED <<proc, st, todo, dst, blk, rnd, used, code, seen, rep, round, members,
+    /\ UNCHANGED <<proc, st, todo, dst, blk, rnd, used, code, seen, sig, rep, round, members,
                    joining, arrived, ann, ledger, faults, restarts, stale, slow, flaw>>
+
+\* Drained workers exit (checkpointed: with 0 or not, it does not matter), or never do.
+DrainEnd(a) ==
+    /\ proc[a] = "run" /\ wk[a] = "draining"
+    /\ wk' = [wk EXCEPT ![a] = "drained"]
+    /\ UNCHANGED <<proc, st, todo, dst, blk, rnd, used, code, seen, sig, rep, round, members,
+                   joining, arrived, ann, ledger, faults, restarts, failing, stale, slow, flaw>>
+
+\* A drain signal (Slurm's preemption, a Kubernetes eviction) reaches an agent at rest or in a
+\* rendezvous, in a lifecycle that handles it; elsewhere it is torch's termination (Leave).
+Preempt(a) ==
+    /\ proc[a] = "run" /\ ~sig[a] /\ faults.preempt < MaxPreempts
+    /\ "preempted" \in {Trans[i].trig : i \in DOMAIN Trans}
+    /\ st[a] \notin Final /\ (todo[a] = << >> \/ blk[a] = "rdzv")
+    /\ sig' = [sig EXCEPT ![a] = TRUE]
+    /\ faults' = [faults EXCEPT !.preempt = @ + 1]
+    /\ UNCHANGED <<proc, st, todo, dst, blk, wk, rnd, used, code, seen, rep, round, members,
+                   joining, arrived, ann, ledger, restarts, failing, stale, slow, flaw>>
 
 \* A job-budget agent that leaves a running round counts the failure restart it causes.
 Claim(r) ==
@@ -366,7 +420,7 @@ Crash(a) ==
     /\ joining' = joining \ {a}
     /\ failing' = (failing \/ (a \in members /\ wk[a] = "run"))
     /\ faults' = [faults EXCEPT !.crash = @ + 1]
-    /\ UNCHANGED <<st, todo, dst, blk, rnd, used, code, seen, rep, round, members, arrived,
+    /\ UNCHANGED <<st, todo, dst, blk, rnd, used, code, seen, sig, rep, round, members, arrived,
                    ann, ledger, restarts, stale, slow, flaw>>
 
 Leave(a) ==
@@ -376,7 +430,7 @@ Leave(a) ==
     /\ failing' = TRUE
     /\ faults' = [faults EXCEPT !.leave = @ + 1]
     /\ Claim(rnd[a])
-    /\ UNCHANGED <<st, todo, dst, blk, rnd, used, code, seen, rep, round, members, joining,
+    /\ UNCHANGED <<st, todo, dst, blk, rnd, used, code, seen, sig, rep, round, members, joining,
                    arrived, restarts, stale, slow, flaw>>
 
 \* A new agent process for a node whose agent crashed or left. With a job budget it finds its
@@ -394,12 +448,14 @@ Rejoin(a) ==
     /\ used' = [used EXCEPT ![a] = 0]
     /\ code' = [code EXCEPT ![a] = "1"]
     /\ seen' = [seen EXCEPT ![a] = FALSE]
+    /\ sig' = [sig EXCEPT ![a] = FALSE]
     /\ faults' = [faults EXCEPT !.rejoin = @ + 1]
     /\ IF a \in members THEN Claim(round) ELSE UNCHANGED <<ledger, ann>>
     /\ UNCHANGED <<dst, wk, rep, round, members, joining, arrived, restarts, failing, stale,
                    slow, flaw>>
 
-Env == \E a \in Agents : WorkersEnd(a) \/ Crash(a) \/ Leave(a) \/ Rejoin(a) \/ RdzvTimeout(a)
+Env == \E a \in Agents : WorkersEnd(a) \/ DrainEnd(a) \/ Crash(a) \/ Leave(a) \/ Rejoin(a)
+                        \/ RdzvTimeout(a) \/ Preempt(a)
 
 Init ==
     /\ proc = [a \in Agents |-> "run"]
@@ -412,6 +468,7 @@ Init ==
     /\ used = [a \in Agents |-> 0]
     /\ code = [a \in Agents |-> "1"]
     /\ seen = [a \in Agents |-> FALSE]
+    /\ sig = [a \in Agents |-> FALSE]
     /\ rep = [a \in Agents |-> None]
     /\ round = 0
     /\ members = {}
@@ -419,7 +476,7 @@ Init ==
     /\ arrived = {}
     /\ ann = None
     /\ ledger = {}
-    /\ faults = [crash |-> 0, leave |-> 0, rejoin |-> 0]
+    /\ faults = [crash |-> 0, leave |-> 0, rejoin |-> 0, preempt |-> 0]
     /\ restarts = 0
     /\ failing = FALSE
     /\ stale = [a \in Agents |-> 0]
@@ -459,8 +516,13 @@ FailureAnnounced == /\ \A a \in Agents :
 \* An agent that reads the announcement inside an action ends through job_failed (the state it
 \* waits in has that transition), not through an error.
 JobFailedHandled == flaw # "job_failed unhandled"
-\* When a lifecycle has ended, its workers are not running any more.
-StoppedAtEnd == \A a \in Agents : proc[a] \in {"end", "exit"} => wk[a] # "run"
+\* When a lifecycle has ended, its workers are not running any more (nor draining).
+StoppedAtEnd == \A a \in Agents : proc[a] \in {"end", "exit"} => wk[a] \notin {"run", "draining"}
+\* A preempted agent never ends as a success: workers that exit 0 in a drain have only
+\* checkpointed. And a preempted job ends as one: every agent reports PREEMPTED (Agreement).
+DrainNotSuccess == /\ \A a \in Agents : sig[a] /\ proc[a] \in {"end", "exit"} => st[a] # "SUCCEEDED"
+                   /\ \A a \in Agents : rep[a] # None /\ ann = PreemptCode
+                                          => rep[a] = <<"PREEMPTED", PreemptCode>>
 \* Every agent reaches an end: it exits, or its process is gone (under fairness).
 Termination == <>(\A a \in Agents : proc[a] \in Gone)
 

@@ -78,7 +78,9 @@ def test_a_fast_rejoin_cannot_bypass_max_restarts_0(jobs: Jobs) -> None:
     # pytorch#147064: a node's agent stopped by a signal and started again at once rejoined as
     # a membership change, an uncounted restart, for ever. With a job budget the departure
     # counts; with none left the job is over, for the new agent too.
-    args = nodes(2, "--max-restarts", "0", *_spec_args("resilient"))
+    # drain_on=[]: SIGTERM stops the agent, as torch (by default it would drain the whole job)
+    args = nodes(2, "--max-restarts", "0", *_spec_args("resilient"), "--spec-param",
+                 "drain_on=[]")
     # node a hosts the store and stays up a while after the job failed (its worker ignores
     # SIGTERM for the shutdown timeout), so that the new agent finds the store
     slow_stop = ["--shutdown-timeout", "15"]

@@ -26,14 +26,21 @@ ALL_OUTCOMES = ("failed", "unhealthy", "succeeded", "hung")
 # What each run explores (docs/job-protocol.md, "Running the checker"):
 CONFIGS = {
     # two agents, every invariant plus termination under fairness; a crash and a replacement
-    "n2-liveness": dict(agents=2, liveness=True, max_crashes=1, max_rejoins=1),
+    "n2-liveness": dict(agents=2, liveness=True, max_crashes=1, max_rejoins=1, max_preempts=0),
     # two agents, invariants only, every fault: crash, leave on a signal, rejoin, unhealthy
     "n2-faults": dict(agents=2, liveness=False, max_crashes=1, max_leaves=1, max_rejoins=1,
-                      outcomes=ALL_OUTCOMES),
+                      max_preempts=0, outcomes=ALL_OUTCOMES),
     # three agents, invariants only (agents interchangeable), a crash
     "n3": dict(agents=3, liveness=False, symmetry=True, max_crashes=1, max_rejoins=0,
-               outcomes=ALL_OUTCOMES),
+               max_preempts=0, outcomes=ALL_OUTCOMES),
+    # two agents, a drain signal to either at any point (a spec that drains: resilient),
+    # termination included; with crashes and rejoins as well under --long
+    "n2-drain": dict(agents=2, liveness=True, max_crashes=0, max_rejoins=0, max_preempts=1,
+                     outcomes=("failed", "succeeded")),
+    "n2-drain-faults": dict(agents=2, liveness=False, max_crashes=1, max_rejoins=1,
+                            max_preempts=1, outcomes=("failed", "succeeded")),
 }
+DRAINS = {"n2-drain", "n2-drain-faults"}  # only a spec with the preempted trigger drains
 
 
 def _explain(result: TLCResult) -> str:
@@ -46,13 +53,16 @@ def _marks(preset: str, config: str) -> list[pytest.MarkDecorator]:
     # share the protocol's other lines with it. `pytest --long` runs the whole matrix.
     if config == "n2-faults":
         return []
+    if config == "n2-drain-faults":
+        return [pytest.mark.slow, pytest.mark.long]
     return [pytest.mark.slow] + ([] if preset == "resilient" else [pytest.mark.long])
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("preset", "config"), [
     pytest.param(preset, name, marks=_marks(preset, name), id=f"{preset}-{name}")
-    for preset in PRESETS for name in sorted(CONFIGS)])
+    for preset in PRESETS for name in sorted(CONFIGS)
+    if name not in DRAINS or preset == "resilient"])
 def test_tlc_finds_no_error_in_the_presets(preset: str, config: str) -> None:
     result = check_protocol(preset, **CONFIGS[config])  # type: ignore[arg-type]
     assert result.ok, _explain(result)
@@ -123,6 +133,34 @@ def test_a_spec_edit_that_breaks_the_protocol_fails_the_check(edit: str) -> None
     assert not result.ok, f"{edit}: TLC found nothing"
     if invariant is not None:
         assert result.violated() == invariant, _explain(result)
+
+
+_DRAINED = "  - trigger: drained\n    source: DRAINING\n    dest: PREEMPTED\n"
+_DEADLINE = ("  - trigger: timeout\n    source: DRAINING\n    dest: PREEMPTED\n"
+             "    actions: [kill_workers]\n")
+DRAIN_EDITS = {
+    # workers that exit during a drain (with 0, say) make the job a success
+    "a drain that counts as success": (
+        _DRAINED, _DRAINED.replace("dest: PREEMPTED", "dest: SUCCEEDED"), "DrainNotSuccess"),
+    # an agent whose workers run ignores the drain signal (and the other agents' drain)
+    "HEALTHY ignores preempted": (
+        "    source: [INIT, HEALTHY, STOPPED, BACKOFF]\n    dest: DRAINING\n",
+        "    source: [INIT, STOPPED, BACKOFF]\n    dest: DRAINING\n", "PromptEnd"),
+    # the drain's deadline passes and the workers still running are left running
+    "the deadline keeps the workers": (
+        _DEADLINE, _DEADLINE.replace("[kill_workers]", "[]"), "StoppedAtEnd"),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("edit", sorted(DRAIN_EDITS))
+def test_a_drain_that_breaks_the_protocol_fails_the_check(edit: str) -> None:
+    old, new, invariant = DRAIN_EDITS[edit]
+    spec = parse_spec(_edited("resilient", old, new), path=f"<{edit}>")
+    result = check_protocol(spec, agents=2, liveness=False, max_crashes=0, max_rejoins=0,
+                            max_preempts=1, outcomes=("failed", "succeeded"))
+    assert not result.ok, f"{edit}: TLC found nothing"
+    assert result.violated() == invariant, _explain(result)
 
 
 def test_job_failed_must_end_as_the_announcement_says() -> None:

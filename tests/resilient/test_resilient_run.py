@@ -110,9 +110,10 @@ def test_a_restart_window_lets_restarts_older_than_it_go(jobs: Jobs) -> None:
 
 
 def test_sigterm_during_a_backoff_stops_everything_at_once(jobs: Jobs, tmp_path: Path) -> None:
+    # drain_on=[]: SIGTERM is torch's stop, not a preemption (test_preemption.py drains in one)
     trace = tmp_path / "term.jsonl"
     job = jobs.start([*ONE, "--max-restarts", "3", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT),
-                      "--trace", str(trace), *resilient("backoff_initial=60s")],
+                      "--trace", str(trace), *resilient("backoff_initial=60s", "drain_on=[]")],
                      env={"SPAWN_CHILD": "1"})
     [first] = job.wait_for("a0_r0_start.json", 1, 60)
     job.wait_output("restarting in", 60)  # the failure was counted: the backoff has begun
