@@ -163,7 +163,7 @@ class JobAnalysis:
     incidents: tuple[Incident, ...]
     root_cause: FailureInfo | None
     root_incident: Incident | None
-    outcome: str  # SUCCEEDED, FAILED, LEFT, INTERRUPTED, RUNNING, ...
+    outcome: str  # SUCCEEDED, FAILED, LEFT, PREEMPTED, INTERRUPTED, RUNNING, ...
     restarts_used: int
     restart_budget: int | None
     start: float
@@ -432,10 +432,14 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
 
 def _outcome(lanes: Sequence[Lane]) -> str:
     finals = [ln.final_state for ln in lanes]
-    errors = [ln.error for ln in lanes if ln.error and not ln.error.startswith("LeftJob")]
+    errors = [ln.error for ln in lanes
+              if ln.error and not ln.error.startswith(("LeftJob", "Preempted"))]
     left = [ln for ln in lanes if ln.error and ln.error.startswith("LeftJob")]
     if left and len(left) == len(lanes):
         return "LEFT"
+    # a drain ends the run with Preempted (fsm_agent._drain): the whole job was preempted
+    if any(ln.error and ln.error.startswith("Preempted") for ln in lanes):
+        return "PREEMPTED"
     if any(f == "FAILED" for f in finals):
         return "FAILED"
     if any(f == "UNKNOWN" for f in finals):

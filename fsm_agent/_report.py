@@ -61,7 +61,7 @@ h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid #dde1e6; padd
 .badge { display: inline-block; padding: 2px 10px; border-radius: 12px; color: #fff;
          font-weight: 600; font-size: 13px; vertical-align: middle; }
 .b-SUCCEEDED { background: #2e7d32; } .b-FAILED, .b-ABORTED { background: #c62828; }
-.b-INTERRUPTED, .b-RUNNING, .b-EMPTY, .b-LEFT { background: #6d4c41; }
+.b-INTERRUPTED, .b-RUNNING, .b-EMPTY, .b-LEFT, .b-PREEMPTED { background: #6d4c41; }
 .cards { display: flex; gap: 12px; flex-wrap: wrap; margin: 12px 0; }
 .card { background: #fff; border: 1px solid #dde1e6; border-radius: 8px; padding: 10px 14px;
         min-width: 150px; }

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import attrs
 
 from .._analysis import RunRecorder, format_text
+from .._drain import Preempted
 from .._errors import SpecError
 from .._health import LeftJob
 from .._load import preset_names
@@ -406,6 +407,12 @@ def main(argv: Sequence[str]) -> int:
     except LeftJob as e:
         # One line: the node is unfit; the scheduler replaces it, the job goes on without it.
         print(f"{PROG}: left the job: {e.reason} (exit {e.exit_code})", file=sys.stderr)
+        return e.exit_code
+    except Preempted as e:
+        # Drained: every agent of the job ends with the same code, for the scheduler to requeue.
+        print(f"{PROG}: preempted ({e.reason}); workers drained (exit {e.exit_code})",
+              file=sys.stderr)
+        _print_summary(recorder, lifecycle_spec)
         return e.exit_code
     except JobFailed as e:
         # Another agent gave up (every agent ends with the code it announced), or the

@@ -22,9 +22,11 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
+from fsm_agent._drain import PREEMPTED_TRIGGER
 from fsm_agent._job import LINGER_TIMEOUT
 from fsm_agent._params import bind_params
 from fsm_agent.torch._compat import enabled, require_core
+from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._fastpath import (
     cheap_rendezvous_events,
@@ -116,6 +118,7 @@ class LifecycleAgentMixin:
     _fsm_hung_trigger: bool = False  # the spec handles `hung`: timer hangs come that way too
     _fsm_diagnostics: dict[str, Any] | None = None  # for the trace's next record
     _fsm_job: AgentJob | None = None  # the job of several nodes this agent is part of
+    _fsm_restart_pending: bool = False  # the rendezvous under way is a restart's
 
     def __init__(
         self,
@@ -517,18 +520,23 @@ class LifecycleAgentMixin:
         first = not self._fsm_rendezvoused
         self._fsm_rendezvoused = True
         job = self._fsm_job
-        poll = None
         if job is not None:
             # A job already over is never joined; while waiting for the others, an announcement
             # (or a node that finished, on a restart) ends the rendezvous: fsm_agent.torch._job.
             job.check(force=True)
             job.rendezvous_poll(restart=not first)
-
-            def poll() -> None:
-                job.rendezvous_poll(restart=not first)
-
-        with fast_rendezvous(worker_group.spec.rdzv_handler, first=first, poll=poll):
+        self._fsm_restart_pending = not first
+        self._fsm_rendezvous_poll()
+        with fast_rendezvous(worker_group.spec.rdzv_handler, first=first,
+                             poll=self._fsm_rendezvous_poll):
             super()._rendezvous(worker_group)  # type: ignore[misc]
+
+    def _fsm_rendezvous_poll(self) -> None:
+        """Between two looks at the rendezvous state (torch's join loop): what it raises ends
+        the rendezvous; here, the job's announcement (``JobOver``)."""
+        job = self._fsm_job
+        if job is not None:
+            job.rendezvous_poll(restart=self._fsm_restart_pending)
 
     # -- run ---------------------------------------------------------------------------------
 
@@ -540,6 +548,8 @@ class LifecycleAgentMixin:
         self._fsm_job = AgentJob.for_handler(handler, role=self._worker_group.spec.role)
         if self._fsm_job is not None:
             self._fsm_job.on_announced = self._fsm_driver.release_exit_barrier
+            if PREEMPTED_TRIGGER in self._lifecycle_spec.triggers:
+                self._fsm_job.preempted_trigger = PREEMPTED_TRIGGER
         self._fsm_driver.job = self._fsm_job
         try:
             with cheap_rendezvous_events():  # torch's events without inspect.stack()
@@ -604,10 +614,11 @@ def _weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-# the sentinel, hang watchdog, process-group reaping and warm starts (fsm_agent.torch._sentinel,
-# _heartbeat, _reaper, _preload)
+# the sentinel, drains, hang watchdog, process-group reaping and warm starts
+# (fsm_agent.torch._sentinel, _drain, _heartbeat, _reaper, _preload)
 class FSMElasticAgent(  # type: ignore[misc]
     SentinelMixin,
+    DrainMixin,
     LifecycleAgentMixin,
     HangWatchdogMixin,
     ProcessGroupReaperMixin,

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetricHandler
 from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
+from fsm_agent._drain import PREEMPTED_OUTCOME, Preemption
 from fsm_agent._health import CheckResult, HealthCheck
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._errorfiles import tolerant_error_files
@@ -310,6 +311,26 @@ class TorchDriver:
                            type(self.agent).__name__)
             return
         capture()
+
+    def drain_workers(self, signum: int) -> None:
+        """Send ``signum`` to every worker process (``drain_workers``): the drain begins."""
+        self.agent._fsm_drain_workers(signum)  # type: ignore[attr-defined]
+
+    def kill_workers(self) -> None:
+        """Kill what is left of the workers at once (``kill_workers``: the drain's time is up)."""
+        self.agent._fsm_kill_workers()  # type: ignore[attr-defined]
+
+    def preemption(self) -> Preemption | None:
+        """The preemption under way (the signal received, or another agent's announcement)."""
+        current = getattr(self.agent, "_fsm_current_preemption", None)
+        return current() if current is not None else None
+
+    def announce_preemption(self, exit_code: int, reason: str) -> int:
+        """Tell every agent of the job that it is preempted; the exit code that won (one job,
+        one outcome: the first announcement's)."""
+        if self.job is None:
+            return exit_code
+        return self.job.announce(exit_code, reason, outcome=PREEMPTED_OUTCOME).exit_code
 
     def check_health(self, check: HealthCheck) -> CheckResult:
         """Run a node health check (a spec guard); the result goes to the trace's diagnostics and,

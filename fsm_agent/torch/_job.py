@@ -88,6 +88,9 @@ class AgentJob:
         #: Called once the job's outcome is in the store (the torch driver releases the exit
         #: barrier of the agents already waiting at it).
         self.on_announced: Callable[[], None] | None = None
+        #: The trigger a preemption announcement interrupts a rendezvous with, when the spec
+        #: handles preemption (``preempted``); otherwise the job simply failed.
+        self.preempted_trigger: str | None = None
 
     @classmethod
     def for_handler(cls, handler: Any, *, role: str, node: str | None = None,
@@ -164,19 +167,22 @@ class AgentJob:
                 outcome = self.announce(1, "a node already finished (it is at its exit barrier): "
                                            "a restart of the workers can never complete")
         if outcome is not None:
-            raise JobOver(outcome)
+            trigger = self.preempted_trigger if outcome.preempted else None
+            raise JobOver(outcome, trigger or JOB_FAILED)
 
-    def announce(self, exit_code: int, reason: str) -> JobOutcome:
-        """Announce that the job failed (the first announcement wins); never raises."""
+    def announce(self, exit_code: int, reason: str, *, outcome: str = "FAILED") -> JobOutcome:
+        """Announce that the job failed, or is preempted (the first announcement wins); never
+        raises."""
         if self.outcome is not None:
             return self.outcome
         try:
-            won = self.channel.announce(exit_code, reason)
+            won = self.channel.announce(exit_code, reason, outcome=outcome)
         except STORE_ERRORS as e:
             self.check(force=True)
             if self.lost is None:
                 self.lost = JobOutcome(exit_code=exit_code, node=self.channel.node,
-                                       reason=f"{reason} (could not announce it: {e})")
+                                       reason=f"{reason} (could not announce it: {e})",
+                                       outcome=outcome)
             return self.lost
         self.announced_here = won.node == self.channel.node
         if self.announced_here:

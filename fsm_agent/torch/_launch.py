@@ -112,7 +112,8 @@ def launch(
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
     error-file handling of ``@record`` apply), ``SignalException`` on a termination signal,
     ``fsm_agent._health.LeftJob`` when the spec had this node leave the job (a failed health
-    check: the rendezvous is left open for the other nodes).
+    check: the rendezvous is left open for the other nodes), ``fsm_agent._drain.Preempted``
+    after a drain (its ``exit_code`` is the one every agent of the job ends with).
     The exit code the spec asked for on failure (``set_exit_code``: the ``resilient`` preset's
     ``no_requeue_exit_code``) is ``agent.lifecycle.exit_code`` (``on_agent`` gives the agent).
     """
@@ -125,6 +126,7 @@ def launch(
     from torch.distributed.launcher.api import _get_addr_and_port, _get_entrypoint_name
 
     from fsm_agent import LifecycleError, WorkerGroupFailureException
+    from fsm_agent._drain import Preempted
     from fsm_agent._health import LeftJob
     from fsm_agent.torch._agent import FSMElasticAgent, rendezvous_over
     from fsm_agent.torch._job import JobFailed
@@ -217,9 +219,10 @@ def launch(
         return dict(result.return_values)
     except ChildFailedError:
         raise
-    except LeftJob:
+    except (LeftJob, Preempted):
         # A node that failed its health checks leaves; the rendezvous stays open for the others
-        # (shutting it down would close it for every agent of the job).
+        # (shutting it down would close it for every agent of the job). A preempted job leaves
+        # it open too, as torch leaves it on a signal: the requeued job may join it again.
         shutdown_rdzv = False
         events.record(agent.get_event_failed(), config.event_log_handler)
         raise
