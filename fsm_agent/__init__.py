@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock, SystemClock, VirtualClock
+from ._drain import Preempted, Preemption
 from ._driver import Driver, JobDriver
 from ._engine import Lifecycle
 from ._errors import (
@@ -48,6 +49,8 @@ __all__ = [
     "Listener",
     "MetricSpec",
     "ParamSpec",
+    "Preempted",
+    "Preemption",
     "Problem",
     "RunResult",
     "Spec",

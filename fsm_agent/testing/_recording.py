@@ -6,6 +6,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from .._drain import Preemption
 from .._engine import _torch_types
 
 __all__ = ["Call", "RecordingDriver", "ScriptExhausted", "ScriptedRandom", "make_result"]
@@ -89,6 +90,10 @@ class RecordingDriver:
     answers of successive ``num_nodes_waiting()`` calls (0 once exhausted). ``barrier``: outcomes
     of successive ``exit_barrier()`` calls, each ``None`` (passes) or an exception to raise.
     ``raises``: a method name mapped to an exception raised on every call of it (a failing hook).
+    ``preemption``: what ``preemption()`` answers (a ``fsm_agent.Preemption``: the drain actions
+    of ``fsm_agent._drain`` read it); ``drain_workers``, ``kill_workers`` and
+    ``announce_preemption`` are recorded (the last answers with the code it was given, or
+    ``announced`` when set: another agent's code that won).
     """
 
     def __init__(
@@ -99,6 +104,8 @@ class RecordingDriver:
         barrier: Iterable[BaseException | None] = (),
         raises: dict[str, BaseException] | None = None,
         on_call: Callable[[Call], None] | None = None,
+        preemption: Preemption | None = None,
+        announced: int | None = None,
     ) -> None:
         self._results = [
             r if hasattr(r, "state") else make_result(r, tick=i) for i, r in enumerate(results)
@@ -109,6 +116,8 @@ class RecordingDriver:
         self._on_call = on_call
         self.calls: list[Call] = []
         self.metrics: list[tuple[str, int]] = []
+        self.preempted = preemption
+        self._announced = announced
 
     def _record(self, *call: Any) -> None:
         self.calls.append(call)
@@ -175,3 +184,16 @@ class RecordingDriver:
     def put_metric(self, name: str, value: int) -> None:
         self.metrics.append((name, value))
         self._record("put_metric", name, value)
+
+    def drain_workers(self, signum: int) -> None:
+        self._record("drain_workers", signum)
+
+    def kill_workers(self) -> None:
+        self._record("kill_workers")
+
+    def preemption(self) -> Preemption | None:
+        return self.preempted
+
+    def announce_preemption(self, exit_code: int, reason: str) -> int:
+        self._record("announce_preemption", exit_code, reason)
+        return exit_code if self._announced is None else self._announced
