@@ -230,8 +230,8 @@ def test_bounds_never_import_torch() -> None:
 # -- fsm-agent check --bounds ----------------------------------------------------------------
 
 
-def check_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    assert main(["check", "--bounds", *argv, "--format", "json"]) == 0
+def check_json(capsys: pytest.CaptureFixture[str], *argv: str, rc: int = 0) -> dict[str, Any]:
+    assert main(["check", "--bounds", *argv, "--format", "json"]) == rc
     out, err = capsys.readouterr()
     assert err == ""
     return json.loads(out)  # type: ignore[no-any-return]
@@ -264,12 +264,15 @@ def test_check_bounds_flags_set_the_limits(capsys: pytest.CaptureFixture[str]) -
 
 def test_check_bounds_with_parameters_and_a_window_that_never_runs_out(
         capsys: pytest.CaptureFixture[str]) -> None:
+    # a window that never runs out breaks the rule restarts-give-up: the check exits 1
     data = check_json(capsys, "resilient", "--max-restarts", "3", "--spec-param",
-                      "restart_window=5m")
+                      "restart_window=5m", rc=1)
     fast, slow = data["specs"][0]["bounds"]["scenarios"]
     assert fast["gives_up_after"] == pytest.approx(sum(backoffs(3)) * 0.9)
     assert slow["gives_up_after"] is None and slow["restarts"] is None
     assert data["specs"][0]["params"]["restart_window"] == "5m"
+    failed = [f["rule"] for f in data["specs"][0]["timeouts"] if f["ok"] is False]
+    assert failed == ["restarts-give-up"]
 
 
 @pytest.mark.parametrize(("argv", "wanted"), [

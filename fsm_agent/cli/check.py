@@ -90,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--exit-barrier-timeout", "--exit_barrier_timeout",
                    type=seconds_arg(False), default=None, metavar="SECONDS",
                    help="the agent's --exit-barrier-timeout (default 300)")
+    b.add_argument("--collective-timeout", type=seconds_arg(True), default=None,
+                   metavar="SECONDS", help="the collectives' timeout (init_process_group's "
+                   "timeout; default 30m, gloo's; NCCL's is 10m)")
+    b.add_argument("--grace", type=seconds_arg(False), default=None, metavar="SECONDS",
+                   help="the scheduler's grace between its SIGTERM and its SIGKILL (Slurm's "
+                   "KillWait, Kubernetes' terminationGracePeriodSeconds; default 30)")
+    b.add_argument("--signal-lead", type=seconds_arg(False), default=None, metavar="SECONDS",
+                   help="Slurm's --signal=SIG@LEAD: how long before the time limit the "
+                   "warning comes (default: not checked)")
     return parser
 
 
@@ -103,6 +112,9 @@ def _limits(args: argparse.Namespace) -> Any:
                  "rendezvous_timeout": "--rdzv-timeout", "stop_timeout": "--stop-timeout",
                  "exit_barrier_timeout": "--exit-barrier-timeout"}
         used = [flags[k] for k, v in given.items() if v is not None]
+        used += [f for f, v in (("--collective-timeout", args.collective_timeout),
+                                ("--grace", args.grace), ("--signal-lead", args.signal_lead))
+                 if v is not None]
         if used:
             raise UsageError(f"{used[0]} goes with --bounds")
         return None
@@ -110,6 +122,19 @@ def _limits(args: argparse.Namespace) -> Any:
 
     values: dict[str, Any] = {k: _LIMIT_DEFAULTS[k] if v is None else v for k, v in given.items()}
     return Limits(**values)
+
+
+def _layers(args: argparse.Namespace, limits: Any) -> Any:
+    """The timeouts around the agent, for the rules of ``fsm_agent._timeouts``."""
+    from .._timeouts import Layers
+
+    default = Layers()
+    return Layers(
+        collective_timeout=default.collective_timeout if args.collective_timeout is None
+        else args.collective_timeout,
+        rendezvous_timeout=limits.rendezvous_timeout, stop_timeout=limits.stop_timeout,
+        grace=default.grace if args.grace is None else args.grace,
+        signal_lead=args.signal_lead)
 
 
 def _check(argv: list[str]) -> int:
@@ -151,10 +176,18 @@ def _check(argv: list[str]) -> int:
                              for p in sorted(spec.params, key=lambda p: p.name)})
         if limits is not None:
             from .._bounds import bounds, bounds_json, format_bounds
+            from .._timeouts import check_timeouts, format_findings
 
             found = bounds(spec, values, limits)
             entry["bounds"] = bounds_json(spec, found, limits, values)
-            tables[-1] = format_bounds(spec, found, limits, values)
+            layers = _layers(args, limits)
+            findings = check_timeouts(spec, values, layers,
+                                      gives_up=all(b.restarts is not None for b in found))
+            entry["timeouts"] = [f.as_dict() for f in findings]
+            if any(f.ok is False for f in findings):
+                entry["ok"] = False
+            tables[-1] = (format_bounds(spec, found, limits, values) + "\n\n"
+                          + format_findings(findings, layers, shown))
     ok = all(r["ok"] for r in results)
     if args.format == "json":
         print_json("check", {"ok": ok, "specs": results})

@@ -67,11 +67,11 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
                                 "backoff_initial": "2s", "backoff_factor": "3",
                                 "backoff_max": "10s", "backoff_jitter": "0",
                                 "backoff_reset": "10m", "restart_window": "inf",
-                                "hang_timeout": "30m", "health_disk_paths": "[]",
+                                "hang_timeout": "25m", "health_disk_paths": "[]",
                                 "health_min_free_disk": "1GB", "health_command": "",
                                 "health_command_timeout": "60s", "unhealthy_exit_code": "75",
                                 "drain_on": "[SIGTERM]", "drain_signal": "SIGTERM",
-                                "drain_timeout": "30s", "preempted_exit_code": "0"}
+                                "drain_timeout": "25s", "preempted_exit_code": "0"}
     recs = steps(path)
     failed = [r for r in recs if r["trigger"] == "failed"]
     assert [(r["dest"], r["rule"]) for r in failed] == [("BACKOFF", "retry")] * 3 + [
