@@ -27,6 +27,7 @@ from ._errors import (
 )
 from ._load import load_spec, parse_spec, preset_names
 from ._params import ParamSpec
+from ._progress import progress
 from ._spec import MetricSpec, Spec, StateSpec, TransitionSpec
 from ._step import ActionRecord, Listener, Step
 from ._vocabulary import Context, Kind, Vocabulary
@@ -68,6 +69,7 @@ __all__ = [
     "load_spec",
     "parse_spec",
     "preset_names",
+    "progress",
 ]
 
 

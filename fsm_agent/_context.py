@@ -74,6 +74,12 @@ class Context:
     restarts_withdrawn: bool = False
     #: The exit code the job should end with if it fails (``set_exit_code``); None: the default.
     exit_code: int | None = None
+    #: Starts of the workers so far, where training stood at the last one (a
+    #: ``fsm_agent._progress.Mark``, None without a progress source), and the restarts in a row
+    #: whose attempt failed without progress.
+    attempts: int = 0
+    progress_start: Any = attrs.field(default=None, repr=False)
+    stalled_restarts: int = 0
     #: The lifecycle's guards by name, bound to its parameters (combinators evaluate through it).
     guard_fns: Mapping[str, Guard] = attrs.field(factory=dict, repr=False)
     # Guard values of the current step: a guard is evaluated at most once per step, because some

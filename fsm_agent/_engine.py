@@ -21,6 +21,7 @@ from ._compile import compile_spec, guard_value
 from ._errors import ActionError, LifecycleError, TriggerInterrupt
 from ._load import load_spec
 from ._params import bind_params, check_settings
+from ._progress import note_attempt_end
 from ._spec import (
     ALWAYS_TRIGGER,
     FAILURE_TRIGGERS,
@@ -192,6 +193,7 @@ class Lifecycle:
         trigger = result.state.name.lower()
         if trigger in FAILURE_TRIGGERS:
             ctx.note_failure()
+            note_attempt_end(ctx)
         ctx.refresh_budget()
         plan = self._metrics.get(trigger)
         if plan is None:

@@ -23,6 +23,8 @@ from ._errors import WorkerGroupFailureException
 from ._health import ACTION_KINDS as HEALTH_ACTION_KINDS
 from ._health import GUARD_KINDS as HEALTH_GUARD_KINDS
 from ._matchers import ACTION_KINDS, GUARD_KINDS
+from ._progress import GUARD_KINDS as PROGRESS_GUARD_KINDS
+from ._progress import note_attempt_start
 
 __all__ = ["Action", "ActionDef", "Context", "Guard", "Kind", "Vocabulary"]
 
@@ -53,6 +55,7 @@ def _rendezvous(ctx: Context) -> None:
 def _start_workers(ctx: Context) -> None:
     ctx.driver.start_workers()
     ctx.attempt_started = ctx.clock.now()
+    note_attempt_start(ctx)
 
 
 def _stop_workers(ctx: Context) -> None:
@@ -236,7 +239,8 @@ def _check_new(
         raise TypeError(f"{kind} {name!r} must be callable, got {type(fn).__name__}")
 
 
-_BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS, {**GUARD_KINDS, **HEALTH_GUARD_KINDS},
+_BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS,
+                      {**GUARD_KINDS, **HEALTH_GUARD_KINDS, **PROGRESS_GUARD_KINDS},
                       {**ACTION_KINDS, **HEALTH_ACTION_KINDS, **DRAIN_ACTION_KINDS})
 
 

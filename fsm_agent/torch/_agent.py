@@ -6,6 +6,8 @@ import contextlib
 import logging
 import math
 import os
+import shutil
+import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -25,6 +27,7 @@ from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureExcepti
 from fsm_agent._drain import PREEMPTED_TRIGGER
 from fsm_agent._job import LINGER_TIMEOUT
 from fsm_agent._params import bind_params
+from fsm_agent._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
 from fsm_agent.torch._compat import enabled, require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
@@ -119,6 +122,8 @@ class LifecycleAgentMixin:
     _fsm_diagnostics: dict[str, Any] | None = None  # for the trace's next record
     _fsm_job: AgentJob | None = None  # the job of several nodes this agent is part of
     _fsm_restart_pending: bool = False  # the rendezvous under way is a restart's
+    _fsm_progress_dir: str | None = None  # where the workers' fsm_agent.progress(step) writes
+    _fsm_best_step: int | None = None  # the best step they reported in this run
 
     def __init__(
         self,
@@ -538,6 +543,22 @@ class LifecycleAgentMixin:
         if job is not None:
             job.rendezvous_poll(restart=self._fsm_restart_pending)
 
+    # -- progress across attempts (fsm_agent._progress) --------------------------------------
+
+    def _fsm_progress_mark(self) -> Mark:
+        """The best step the workers reported through ``fsm_agent.progress`` and the newest file
+        under the spec's ``checkpoint_path``."""
+        directory = self._fsm_progress_dir
+        steps = read_steps(directory) if directory else {}
+        best = max(steps.values()) if steps else None
+        if best is not None:
+            prev = self._fsm_best_step
+            self._fsm_best_step = best if prev is None else max(best, prev)
+        lifecycle = self._lifecycle
+        pattern = lifecycle.context.params.get("checkpoint_path") if lifecycle else None
+        newest = newest_mtime(pattern) if isinstance(pattern, str) and pattern else None
+        return Mark(self._fsm_best_step, newest)
+
     # -- run ---------------------------------------------------------------------------------
 
     def run(self, role: str = DEFAULT_ROLE) -> RunResult:
@@ -551,6 +572,11 @@ class LifecycleAgentMixin:
             if PREEMPTED_TRIGGER in self._lifecycle_spec.triggers:
                 self._fsm_job.preempted_trigger = PREEMPTED_TRIGGER
         self._fsm_driver.job = self._fsm_job
+        # fsm_agent.progress(step) in the workers writes here (their environment is ours)
+        self._fsm_progress_dir = tempfile.mkdtemp(prefix="fsm-agent-progress-")
+        self._fsm_best_step = None
+        saved_dir = os.environ.get(PROGRESS_DIR_ENV)
+        os.environ[PROGRESS_DIR_ENV] = self._fsm_progress_dir
         try:
             with cheap_rendezvous_events():  # torch's events without inspect.stack()
                 return super().run(role)  # type: ignore[misc, no-any-return]
@@ -558,6 +584,11 @@ class LifecycleAgentMixin:
             _clear_library_frames(e)
             raise
         finally:
+            if saved_dir is None:
+                os.environ.pop(PROGRESS_DIR_ENV, None)
+            else:
+                os.environ[PROGRESS_DIR_ENV] = saved_dir
+            shutil.rmtree(self._fsm_progress_dir, ignore_errors=True)
             job = self._fsm_job
             if job is not None:
                 # the workers are stopped (torch's run() did): wait until the others have read

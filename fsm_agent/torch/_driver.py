@@ -13,6 +13,7 @@ from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
 from fsm_agent._drain import PREEMPTED_OUTCOME, Preemption
 from fsm_agent._health import CheckResult, HealthCheck
+from fsm_agent._progress import Mark
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._errorfiles import tolerant_error_files
 from fsm_agent.torch._fastpath import cached_nodes_waiting
@@ -331,6 +332,15 @@ class TorchDriver:
         if self.job is None:
             return exit_code
         return self.job.announce(exit_code, reason, outcome=PREEMPTED_OUTCOME).exit_code
+
+    def progress_mark(self) -> Mark:
+        """Where training stands (``fsm_agent._progress``): the best step the workers reported,
+        the newest file under the spec's ``checkpoint_path``."""
+        return self.agent._fsm_progress_mark()  # type: ignore[attr-defined, no-any-return]
+
+    def note_progress(self, verdict: dict[str, Any]) -> None:
+        """Record whether the attempt that just failed made progress (for the trace)."""
+        self.agent._fsm_note("progress", verdict)  # type: ignore[attr-defined]
 
     def check_health(self, check: HealthCheck) -> CheckResult:
         """Run a node health check (a spec guard); the result goes to the trace's diagnostics and,

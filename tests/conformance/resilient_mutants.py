@@ -58,7 +58,8 @@ SPEC_EDITS: dict[str, tuple[Any, ...]] = {
     ),
     "ForgetsTheNoRequeueCode": (
         "gives up on a no-retry code, but with the plain exit code",
-        ("      then: give_up_no_requeue\n", "      then: give_up\n"),
+        ("      when: no_retry_exit\n      then: give_up_no_requeue\n",
+         "      when: no_retry_exit\n      then: give_up\n"),
     ),
     "BarrierOnGivingUp": (
         "waits at the exit barrier before giving up, as the seed does",

@@ -17,7 +17,7 @@ from ._helpers import SPECS
 
 RESILIENT = (SPECS / "resilient.yaml").read_text()
 
-# A third rule between the two (a crash loop gives up), to reorder and rename.
+# A rule after the first (a crash loop gives up), to reorder and rename.
 CRASH_LOOP = """\
     - name: crash_loop
       when: crash_loop
@@ -27,7 +27,7 @@ WITH_CRASH_LOOP = (
     RESILIENT.replace("guards:\n  no_retry_exit:", "guards:\n  crash_loop:\n"
                       "    consecutive_failures_at_least: {count: 3, min_uptime: 1m}\n"
                       "  no_retry_exit:", 1)
-    .replace("    - name: retry\n", CRASH_LOOP + "    - name: retry\n", 1))
+    .replace("    - name: no_progress\n", CRASH_LOOP + "    - name: no_progress\n", 1))
 
 
 def derived(*edits: tuple[str, str], base: str = RESILIENT, name: str = "derived"):
@@ -82,8 +82,8 @@ def test_rules_reordered_renamed_and_their_condition_changed() -> None:
         base=WITH_CRASH_LOOP)
     assert changes(base, swapped) == [
         ("changed", "policy", "failure_policy",
-         ("rules reordered: no_retry, crash_loop, retry -> crash_loop, no_retry, retry (the "
-          "first rule that matches decides)",)),
+         ("rules reordered: no_retry, crash_loop, no_progress, retry -> crash_loop, no_retry, "
+          "no_progress, retry (the first rule that matches decides)",)),
     ]
     renamed = derived(("    - name: crash_loop\n", "    - name: looping\n"),
                       base=WITH_CRASH_LOOP)
@@ -196,7 +196,9 @@ def test_torchrun_against_resilient_compares_the_table_edge_by_edge() -> None:
         "decides on failed in HEALTHY, always in UNHEALTHY",
         "rule 1: when no_retry_exit then give_up_no_requeue (to FAILED / no_requeue, "
         "announce_failure, stop_workers)",
-        "rule 2: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
+        "rule 2: when stalled then give_up_no_requeue (to FAILED / no_requeue, "
+        "announce_failure, stop_workers)",
+        "rule 3: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
         "stop_workers)")
     (backoff,) = [c for c in d.changes if (c.element, c.name) == ("state", "BACKOFF")]
     assert backoff.kind == "added" and backoff.details[0] == "reports STOPPED"
