@@ -35,8 +35,10 @@ def _exits(job: Job, timeout: float) -> tuple[int, float]:
 
 
 @pytest.mark.timeout(90)
-def test_sigterm_drains_every_worker_and_exits_with_the_preempted_code(jobs: Jobs) -> None:
-    job = jobs.start(_standalone("drain_timeout=20s"), DRAIN)
+def test_sigterm_drains_every_worker_and_exits_with_the_preempted_code(
+        jobs: Jobs, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "drain.jsonl"
+    job = jobs.start([*_standalone("drain_timeout=20s"), "--trace", str(trace)], DRAIN)
     pids = _pids(job, 2)
     job.proc.send_signal(signal.SIGTERM)
     rc, took = _exits(job, 30)
@@ -50,6 +52,18 @@ def test_sigterm_drains_every_worker_and_exits_with_the_preempted_code(jobs: Job
     assert job.final_message() == ("fsm-agent run: preempted (received SIGTERM); workers "
                                    "drained (exit 143)")
     assert "worker group SUCCEEDED" not in job.output
+    # what the trace says of it: replay follows the spec through DRAINING, the report says
+    # PREEMPTED
+    from fsm_agent.cli.replay import main as replay
+    from fsm_agent.cli.report import main as report
+
+    capsys.readouterr()
+    assert replay([str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "-> DRAINING -> PREEMPTED" in out and "ended with: Preempted: received SIGTERM" in out
+    page = tmp_path / "report.html"
+    assert report([str(trace), "-o", str(page)]) == 0
+    assert "id='outcome'>PREEMPTED" in page.read_text()
 
 
 @pytest.mark.timeout(120)
