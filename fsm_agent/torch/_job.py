@@ -140,7 +140,8 @@ class AgentJob:
         except STORE_ERRORS as e:  # DistNetworkError and friends: the store's host is gone
             consequence = ("this agent cannot reach it, so it cannot rendezvous again"
                            if isinstance(e, StoreUnresponsive) else
-                           "the agent hosting it is gone, so no agent can rendezvous again")
+                           "its host is gone (the node hosting it, or the fsm-agent store "
+                           "serving it), so no agent can rendezvous again")
             self.lost = JobOutcome(
                 exit_code=1, node=self.channel.node,
                 reason=f"the rendezvous store is unreachable ({type(e).__name__}: "

@@ -142,3 +142,21 @@ def test_a_late_agent_and_a_spare_never_needed_end_with_one_line_and_announce_no
     for job in (spare, late):
         assert "announced" not in job.output and "Traceback" not in job.output, job.output
     _stop(store)
+
+
+@pytest.mark.timeout(120)
+def test_the_store_stopped_under_a_running_job_ends_every_agent_naming_it(jobs: Jobs) -> None:
+    store, port = _store(jobs)
+    args = nodes(2, "--rdzv-conf", "is_host=0", port=port, run_id="gone")
+    a = jobs.start(args, env={"SLEEP": "120"}, name="node_a")
+    b = jobs.start(args, env={"SLEEP": "120"}, name="node_b")
+    a.wait_for("start_*.json", 1, 60)
+    b.wait_for("start_*.json", 1, 60)
+    _stop(store)
+    for agent in (a, b):
+        assert agent.wait(60) == 1, agent.output[-3000:]
+        last = agent.final_message()
+        assert last.startswith("fsm-agent run: the rendezvous store is unreachable"), last
+        # no agent hosted it: the message does not blame one
+        assert "its host is gone (the node hosting it, or the fsm-agent store serving it)" \
+            in last, last
