@@ -1,0 +1,25 @@
+"""Every field of ``fsm_agent.Context`` a custom guard may read is in docs/spec-format.md's
+table (issue 28, item 10): a new field is documented there, or said here to be internal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from fsm_agent import Context
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "spec-format.md"
+# The machine's own bookkeeping: not for guards to read.
+INTERNAL = {"fatal_exceptions", "rng", "budget_scope", "backoff", "restarts_withdrawn",
+            "guard_fns", "memo", "step"}
+
+
+def test_every_field_a_guard_may_read_is_documented() -> None:
+    table = DOC.read_text().split("### Guards and actions of your own program")[1]
+    table = table.split("\n\n", 3)[2]  # the paragraph, then the table
+    missing = [f.name for f in attrs.fields(Context)
+               if f.name not in INTERNAL and f"`ctx.{f.name}`" not in table]
+    assert not missing, f"document these in {DOC.name} (or mark them internal): {missing}"
+    stale = [name for name in INTERNAL if name not in attrs.fields_dict(Context)]
+    assert not stale, stale
