@@ -21,6 +21,9 @@ a ``TCPStore`` hosted by one of the agents. :class:`JobChannel` adds a few keys 
 ``finishing``
     Set by an agent that reached its exit barrier after success: a restart that needs that agent
     in the next round can never complete.
+``claimed/<round>``
+    The node that counted that round's failure restart: the agents that restart with it on the
+    membership change say whose failure it was.
 
 Nothing here does I/O of its own beyond the store it is given; :class:`MemoryStore` has the same
 semantics as ``TCPStore`` for the operations used, for tests and simulations. The model checked
@@ -271,6 +274,7 @@ class JobChannel:
         self.acks_key = f"{base}/acks"
         self.ledger_key = f"{base}/restarts"
         self.finishing_key = f"{base}/finishing"
+        self.claims_prefix = f"{base}/claimed"
         self._outcome: JobOutcome | None = None
         self._acked = False
         self._last_poll = -math.inf
@@ -401,5 +405,14 @@ class JobChannel:
             held = self.store.compare_set(self.ledger_key, current, desired)
             if held == desired:
                 self._ledger_cache = _ledger(desired)
+                # who claimed it, for the agents that restart with it (their log says why)
+                self.store.set(f"{self.claims_prefix}/{rnd}", self.node)
                 return self._count(self._ledger_cache, window)
             current = held  # another agent claimed in between: look again
+
+    def claimer(self, round_id: str) -> str | None:
+        """The node whose failure restart of ``round_id`` was counted (None: none was)."""
+        key = f"{self.claims_prefix}/{round_id}"
+        if not self.store.check([key]):
+            return None
+        return self.store.get(key).decode(errors="replace")[:200]

@@ -45,7 +45,7 @@ from fsm_agent.torch._hang import (
     take_stacks,
 )
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
-from fsm_agent.torch._job import JOB_FAILED, AgentJob
+from fsm_agent.torch._job import JOB_FAILED, STORE_ERRORS, AgentJob
 from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
@@ -239,8 +239,30 @@ class LifecycleAgentMixin:
             logger.warning("[%s] worker group %s; restart %d %s%s%s", role, step.observed,
                            step.restart_count, of, rule, wait)
         elif step.trigger == "healthy" and self._fsm_reported[step.dest] == "STOPPED":
-            logger.warning("[%s] nodes waiting to join; restarting the worker group "
-                           "(membership change, not counted against max_restarts)", role)
+            failed = self._fsm_failed_peer()
+            if failed is not None:
+                # another node's workers failed and it counted the restart for the job: this
+                # node restarts with it, without counting it again
+                logger.warning("[%s] %s's workers failed; restarting the worker group with it "
+                               "(counted once for the job: %d of %d used)", role, failed[0],
+                               failed[1], self._worker_group.spec.max_restarts)
+            else:
+                logger.warning("[%s] nodes waiting to join; restarting the worker group "
+                               "(membership change, not counted against max_restarts)", role)
+
+    def _fsm_failed_peer(self) -> tuple[str, int] | None:
+        """The node whose failure of the current round the job counted (if not this one), and
+        the job's failure restarts so far."""
+        job, lifecycle = self._fsm_job, self._lifecycle
+        if job is None or job.round_id is None or lifecycle is None:
+            return None
+        try:
+            node = job.channel.claimer(job.round_id)
+            if node is None or node == job.channel.node:
+                return None
+            return node, job.channel.restart_count(lifecycle.context.window)
+        except STORE_ERRORS:
+            return None
 
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         spec = self._worker_group.spec

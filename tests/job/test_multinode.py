@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 
@@ -70,6 +71,14 @@ def test_a_job_budget_of_two_allows_exactly_two_failure_restarts(jobs: Jobs,
     by_node = {(int(r["group_rank"]), int(r["attempt"])) for r in starts}  # type: ignore[call-overload]
     assert by_node == {(g, n) for g in (0, 1) for n in (0, 1, 2)}, by_node
     assert "restart budget is spent" in out or "gave up" in out, out[-4000:]
+    if failing != "-1":
+        # the node whose workers did not fail says whose did, not "nodes waiting to join"
+        pattern = (r"\] (\S+)'s workers failed; restarting the worker group with it "
+                   r"\(counted once for the job: (\d) of 2 used\)")
+        said = {j: re.findall(pattern, j.output) for j in (a, b)}
+        [survivor] = [j for j in (a, b) if said[j]]
+        assert [n for _, n in said[survivor]] == ["1", "2"], survivor.output[-4000:]
+        assert "membership change, not counted" not in survivor.output
 
 
 @pytest.mark.slow
