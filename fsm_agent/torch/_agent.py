@@ -27,7 +27,13 @@ from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureExcepti
 from fsm_agent._drain import PREEMPTED_TRIGGER
 from fsm_agent._job import LINGER_TIMEOUT
 from fsm_agent._params import bind_params
-from fsm_agent._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
+from fsm_agent._progress import (
+    PROGRESS_DIR_ENV,
+    Mark,
+    newest_mtime,
+    note_attempt_end,
+    read_steps,
+)
 from fsm_agent.torch._compat import enabled, require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
@@ -411,6 +417,7 @@ class LifecycleAgentMixin:
         error_files = dict(getattr(getattr(self, "_pcontext", None), "error_files", {}) or {})
         lifecycle.context.observed = RunResult(state=WorkerState.UNHEALTHY,
                                                failures=hang_failures(hung, error_files))
+        note_attempt_end(lifecycle.context)  # a hung attempt may have made no progress either
         detector = self._fsm_hangs
         self._fsm_note("hang", {
             "source": source,

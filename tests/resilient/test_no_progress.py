@@ -82,3 +82,15 @@ def test_the_first_attempt_is_not_a_restart(jobs: Jobs, tmp_path: Path) -> None:
     assert job.wait(90) == 93, job.output[-3000:]
     assert _attempts(job) == [0, 1, 2]
     assert [v["stalled_restarts"] for v in _verdicts(trace)] == [0, 1, 2]
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_restart_without_progress_counts_too(jobs: Jobs, tmp_path: Path) -> None:
+    # attempt 0 reports steps and crashes; attempt 1 hangs where it started: detected as hung,
+    # and a restart without progress, so with no_progress_restarts=1 the job ends there
+    job, trace = _run(jobs, tmp_path, "no_progress_restarts=1", "hang_timeout=1s",
+                      env={"PROGRESS_ATTEMPTS": "0", "HANG_ATTEMPTS": "1"})
+    assert job.wait(90) == 93, job.output[-3000:]
+    assert _attempts(job) == [0, 1]
+    assert "worker group hung" in job.output
+    assert [v["progressed"] for v in _verdicts(trace)] == [True, False]

@@ -4,7 +4,8 @@ no-progress tests).
 Writes ``a{attempt}_r{rank}.json`` into OUT_DIR when it starts. On attempts listed in
 PROGRESS_ATTEMPTS (comma-separated restart counts; default "0") it reports steps 1..STEPS
 (default 3) beyond the best of the attempts before (or touches CHECKPOINT, a file path, once
-per step, when set); then it exits 1.
+per step, when set); then it exits 1, or, on attempts listed in HANG_ATTEMPTS, hangs (sleeps,
+using no CPU time).
 """
 
 import json
@@ -30,4 +31,7 @@ if str(ATTEMPT) in os.environ.get("PROGRESS_ATTEMPTS", "0").split(","):
                 f.write(f"{ATTEMPT}:{step}\n")
         else:
             fsm_agent.progress(ATTEMPT * 100 + step)
+if str(ATTEMPT) in os.environ.get("HANG_ATTEMPTS", "").split(","):
+    while True:
+        time.sleep(60)
 sys.exit(1)
