@@ -14,11 +14,11 @@ Two sources of progress, neither needing more than a line in the training script
 
 The agent takes a :class:`Mark` (the best step, the newest checkpoint) when the workers start and
 again when they fail: an attempt made progress when its mark at the failure is beyond its mark at
-the start. ``ctx.stalled_restarts`` counts the restarts in a row whose attempt failed without
-progress (the first attempt is not a restart; a hung attempt counts as one that failed; an attempt whose progress cannot be known, no
-source being set, counts as progress), and the guard kind ``no_progress_restarts_at_least``
-holds once it reaches its count. The driver provides the marks (``progress_mark()``, optional:
-a driver without it never stalls).
+the start. ``ctx.stalled_restarts`` counts the restarts in a row whose attempt failed (or hung)
+without progress (the first attempt is not a restart; an attempt whose progress cannot be
+known, no source being set, counts as progress), and the guard kind
+``no_progress_restarts_at_least`` holds once it reaches its count. The driver provides the
+marks (``progress_mark()``, optional: a driver without it never stalls).
 """
 
 from __future__ import annotations
