@@ -76,23 +76,28 @@ def preempted_code(exit_code: int, signum: int | None) -> int:
 class Preemption:
     """What the driver knows about the preemption under way: the signal this agent received
     (None when another agent's announcement brought it), the exit code the job already settled
-    on (None until one is known), and a one-line reason."""
+    on (None until one is known), a one-line reason, and how the drain ended for the workers
+    (``workers``, once it has: "workers drained", or which ones were killed and by what)."""
 
     signal: int | None
     reason: str
     exit_code: int | None = None
+    workers: str | None = None
 
 
 class Preempted(Exception):
-    """The run ended by a preemption, after the drain: ``exit_code`` and a one-line ``reason``.
+    """The run ended by a preemption, after the drain: ``exit_code``, a one-line ``reason`` and
+    how the drain ended for the workers (``workers``: "workers drained" when every worker exited
+    by itself; else which ones were killed, and by what).
 
     Not a failure of the job: a scheduler told to requeue on this code starts it again.
     """
 
-    def __init__(self, reason: str, exit_code: int) -> None:
+    def __init__(self, reason: str, exit_code: int, workers: str = "workers drained") -> None:
         super().__init__(reason)
         self.reason = reason
         self.exit_code = exit_code
+        self.workers = workers
 
 
 def _preemption(ctx: Context) -> Preemption:
@@ -143,7 +148,7 @@ def _kill_workers(ctx: Context) -> None:
 def _raise_preempted(ctx: Context) -> None:
     found = _preemption(ctx)
     code = ctx.exit_code if ctx.exit_code is not None else preempted_code(0, found.signal)
-    raise Preempted(found.reason, code)
+    raise Preempted(found.reason, code, found.workers or "workers drained")
 
 
 #: ``announce_preemption`` and ``drain_workers``, parameterised (``{drain_workers: drain_signal}``).

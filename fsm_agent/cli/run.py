@@ -410,7 +410,9 @@ def main(argv: Sequence[str]) -> int:
         return e.exit_code
     except Preempted as e:
         # Drained: every agent of the job ends with the same code, for the scheduler to requeue.
-        print(f"{PROG}: preempted ({e.reason}); workers drained (exit {e.exit_code})",
+        # "workers drained", or which workers were killed instead (a scheduler's own signal,
+        # the drain's deadline): the report says what became of each rank's checkpoint
+        print(f"{PROG}: preempted ({e.reason}); {e.workers} (exit {e.exit_code})",
               file=sys.stderr)
         _print_summary(recorder, lifecycle_spec)
         return e.exit_code

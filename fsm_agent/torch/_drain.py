@@ -23,7 +23,13 @@ shutdown timeout again: the scheduler's patience is over.
 
 In the drain state (the one with a transition on ``drained``) the wait returns ``drained`` as
 soon as every worker process has exited, whatever their exit codes: a worker that exits 0 in a
-drain has checkpointed, it has not finished the job.
+drain has checkpointed, it has not finished the job. A worker killed by a signal is a drain's
+end too (it is gone, and the preemption's exit code is still what the scheduler needs), but not
+a drained worker: no handler of its own ended it, so its checkpoint may be missing. The log and
+``fsm-agent run``'s last line say which local ranks were killed and by what, and why that
+happens: a scheduler that signals every process of the job itself (Slurm's ``scancel``,
+``scontrol requeue`` and preemption under ``proctrack/cgroup`` or ``linuxproc``) reaches the
+workers at the same moment as the agent, with its own signal rather than ``drain_signal``.
 
 With a job of several agents, the agent that received the signal announces a ``PREEMPTED``
 outcome (``announce_preemption``); every other agent reads it wherever it waits and takes
@@ -41,6 +47,7 @@ import time
 from types import FrameType
 from typing import Any
 
+import attrs
 from torch.distributed.elastic.multiprocessing import SignalException
 
 from fsm_agent._drain import (
@@ -74,6 +81,10 @@ class DrainMixin:
     _fsm_preemption: Preemption | None = None
     _fsm_drain_signals: tuple[int, ...] = ()
     _fsm_drain_started: float | None = None
+    _fsm_drain_sent: int | None = None
+    #: the local ranks running when the drain began (a stopped group's old exits do not count)
+    _fsm_drain_ranks: frozenset[int] = frozenset()
+    _fsm_workers_live: bool = False
     _fsm_drain_aborted: bool = False
     _fsm_saved_handlers: dict[int, Any] | None = None
 
@@ -90,6 +101,9 @@ class DrainMixin:
         """torch's ``run()`` with the spec's drain signals handled from its first step."""
         self._fsm_preemption = None
         self._fsm_drain_started = None
+        self._fsm_drain_sent = None
+        self._fsm_drain_ranks = frozenset()
+        self._fsm_workers_live = False
         self._fsm_drain_aborted = False
         self._fsm_drain_signals = self._fsm_drain_setup()
         if self._fsm_drain_signals and threading.current_thread() is not threading.main_thread():
@@ -112,6 +126,7 @@ class DrainMixin:
 
     def _start_workers(self, worker_group: Any) -> Any:
         out = super()._start_workers(worker_group)  # type: ignore[misc]
+        self._fsm_workers_live = True
         self._fsm_install_drain()  # torch's PContext.start() installed its own SIGTERM handler
         return out
 
@@ -180,15 +195,66 @@ class DrainMixin:
         deadline = time.monotonic() + interval
         while True:
             if self._fsm_workers_exited():
-                started = self._fsm_drain_started
-                took = f" in {time.monotonic() - started:.3g} s" if started is not None else ""
-                logger.warning("[%s] drained: every worker exited%s",
-                               self._worker_group.spec.role, took)  # type: ignore[attr-defined]
+                self._fsm_drain_ended()
                 return DRAINED_TRIGGER
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
             self._fsm_wait(min(left, DRAIN_POLL))  # type: ignore[attr-defined]
+
+    def _fsm_drain_ended(self) -> None:
+        """Every worker has exited: say how each ended, in the log and in the preemption (the
+        run's last line)."""
+        started = self._fsm_drain_started
+        took = f" in {time.monotonic() - started:.3g} s" if started is not None else ""
+        role = self._worker_group.spec.role  # type: ignore[attr-defined]
+        codes = {r: c for r, c in self._fsm_worker_exit_codes().items()
+                 if r in self._fsm_drain_ranks}
+        exited = _exit_codes_text({r: c for r, c in codes.items() if c is not None and c > 0})
+        killed = _killed_text({r: -c for r, c in codes.items() if c is not None and c < 0})
+        if not killed:
+            logger.warning("[%s] drained: every worker exited%s%s", role, took,
+                           f" ({exited})" if exited else "")
+            self._fsm_note_workers("workers drained" + (f" ({exited})" if exited else ""))
+            return
+        sent = self._fsm_drain_sent
+        drain_name = _signal_name(sent) if sent is not None else "the drain signal"
+        others = sorted({_signal_name(-c) for c in codes.values()
+                         if c is not None and c < 0 and -c != sent})
+        why = []
+        if others:
+            them = " and ".join(others)
+            why.append(f"{them} is not the drain signal ({drain_name}): something else sent it "
+                       "to the workers, such as a scheduler that signals every process of the "
+                       "job (Slurm's scancel, scontrol requeue and preemption under "
+                       f"proctrack/cgroup or linuxproc); let the workers handle {them} as they "
+                       f"handle {drain_name}, or drain with {others[0]} (docs/multinode.md, "
+                       "\"Preemption\")")
+        if sent is not None and any(c == -sent for c in codes.values()):
+            why.append(f"a worker killed by {drain_name}, the drain signal, has no handler for it")
+        logger.warning("[%s] the drain ended%s, but not every worker drained: %s%s (no handler of "
+                       "their own ended them: their checkpoints may be missing). %s", role, took,
+                       killed, f", {exited}" if exited else "", "; ".join(why))
+        self._fsm_note_workers(f"not every worker drained: {killed}"
+                               + (f", {exited}" if exited else ""))
+
+    def _fsm_note_workers(self, text: str) -> None:
+        if self._fsm_preemption is not None:
+            self._fsm_preemption = attrs.evolve(self._fsm_preemption, workers=text)
+
+    def _fsm_worker_exit_codes(self) -> dict[int, int | None]:
+        """Each worker's exit code by local rank, as ``subprocess`` gives it (``-N``: killed by
+        signal N; None: unknown, or still running)."""
+        pcontext = getattr(self, "_pcontext", None)
+        if pcontext is None:
+            return {}
+        handlers = getattr(pcontext, "subprocess_handlers", None)
+        if handlers:
+            return {int(r): h.proc.poll() for r, h in handlers.items()}
+        processes = getattr(getattr(pcontext, "_pc", None), "processes", None)
+        if processes is not None:
+            return {r: p.exitcode for r, p in enumerate(processes)}
+        return dict.fromkeys(pcontext.pids(), None)
 
     def _fsm_rendezvous_poll(self) -> None:
         # between two looks at the rendezvous state: a preemption ends the rendezvous
@@ -212,8 +278,10 @@ class DrainMixin:
 
     def _fsm_drain_workers(self, signum: int) -> None:
         self._fsm_drain_started = time.monotonic()
+        self._fsm_drain_sent = signum
         pcontext = getattr(self, "_pcontext", None)
-        pids = dict(pcontext.pids()) if pcontext is not None else {}
+        pids = dict(pcontext.pids()) if pcontext is not None and self._fsm_workers_live else {}
+        self._fsm_drain_ranks = frozenset(int(r) for r in pids)
         sent = []
         for rank, pid in sorted(pids.items()):
             # the worker process only, not its group: its children are the rank's to stop
@@ -231,13 +299,19 @@ class DrainMixin:
         pcontext = getattr(self, "_pcontext", None)
         if pcontext is None:
             return
-        left = [r for r, pid in pcontext.pids().items() if _alive(pid)]
+        codes = self._fsm_worker_exit_codes()
+        left = sorted(r for r, pid in pcontext.pids().items()
+                      if codes.get(r) is None and _alive(pid))
         logger.warning("[%s] the drain's time is up: killing %d worker(s) still running (local "
                        "rank(s) %s)", self._worker_group.spec.role,  # type: ignore[attr-defined]
-                       len(left), sorted(left))
+                       len(left), left)
+        self._fsm_note_workers(
+            f"not every worker drained: {_ranks(left)} killed at drain_timeout" if left
+            else "workers drained")
         pcontext.close(signal.SIGKILL, timeout=max(1, int(self._shutdown_timeout or 1)))  # type: ignore[attr-defined]
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
+        self._fsm_workers_live = False
         if self._fsm_drain_aborted:
             death_sig = signal.SIGKILL  # a second signal during a drain: at once
         super()._shutdown(death_sig, timeout)  # type: ignore[misc]
@@ -252,3 +326,33 @@ def _alive(pid: int) -> bool:
         return True
     return True
 
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"local rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _killed_text(signals: dict[int, int]) -> str:
+    """``{0: 15, 1: 15, 2: 9}`` -> "local ranks 0, 1 killed by SIGTERM, local rank 2 by SIGKILL"."""
+    by: dict[int, list[int]] = {}
+    for rank, signum in sorted(signals.items()):
+        by.setdefault(signum, []).append(rank)
+    parts: list[str] = []
+    for signum, ranks in by.items():
+        parts.append(f"{_ranks(ranks)} {'killed ' if not parts else ''}by {_signal_name(signum)}")
+    return ", ".join(parts)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _exit_codes_text(codes: dict[int, int]) -> str:
+    """``{1: 2}`` -> "local rank 1 exited 2" (workers that exited by themselves, not 0)."""
+    by: dict[int, list[int]] = {}
+    for rank, code in sorted(codes.items()):
+        by.setdefault(code, []).append(rank)
+    return ", ".join(f"{_ranks(ranks)} exited {code}" for code, ranks in by.items())

@@ -100,6 +100,54 @@ def test_a_worker_that_ignores_the_drain_signal_is_killed_at_drain_timeout(jobs:
     assert rc == 143, job.output[-3000:]
     assert 2 <= took < 2 + 8, took  # the deadline, plus the kill and the agent's exit
     assert "the drain's time is up: killing 1 worker(s)" in job.output
+    assert job.final_message() == ("fsm-agent run: preempted (received SIGTERM); not every "
+                                   "worker drained: local rank 0 killed at drain_timeout "
+                                   "(exit 143)")
+    assert not [p for p in pids if alive(p)]
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_killed_by_the_schedulers_own_signal_is_not_reported_drained(
+        jobs: Jobs) -> None:
+    """As Slurm's scancel and scontrol requeue do under proctrack/cgroup or linuxproc: SIGTERM
+    to the agent and to every worker at once, while the workers handle only the drain signal
+    (SIGUSR1). The drain ends (the workers are gone), with the preemption's code; the agent says
+    which rank was killed and by what instead of "workers drained"
+    (tests/slurm/test_slurm.py runs it under a real Slurm)."""
+    job = jobs.start(_standalone("drain_timeout=20s", nproc=2), DRAIN)
+    pids = _pids(job, 2)
+    job.proc.send_signal(signal.SIGTERM)
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    rc, took = _exits(job, 30)
+    assert rc == 143, job.output[-3000:]
+    assert took < 10, took  # a drain's end, not its deadline
+    assert job.records("checkpointed_r*.json") == []
+    assert job.final_message() == ("fsm-agent run: preempted (received SIGTERM); not every "
+                                   "worker drained: local ranks 0, 1 killed by SIGTERM "
+                                   "(exit 143)"), job.output[-3000:]
+    assert "SIGTERM is not the drain signal (SIGUSR1)" in job.output
+    assert "drained: every worker exited" not in job.output
+    assert not [p for p in pids if alive(p)]
+
+
+@pytest.mark.timeout(90)
+def test_workers_that_handle_the_schedulers_signal_drain_when_it_reaches_them_too(
+        jobs: Jobs) -> None:
+    """The remedy: drain_signal is the scheduler's own (SIGTERM, the default) and the workers
+    handle it; the signal reaches them twice (the scheduler's and the drain's) and they
+    checkpoint."""
+    job = jobs.start(["--standalone", "--nproc-per-node", "1", *FAST, "--spec", "resilient",
+                      "--spec-param", "drain_timeout=20s"], DRAIN,
+                     env={"DRAIN_SIGNAL": "SIGTERM"})
+    pids = _pids(job, 1)
+    job.proc.send_signal(signal.SIGTERM)
+    os.kill(pids[0], signal.SIGTERM)
+    rc, _ = _exits(job, 30)
+    assert rc == 143, job.output[-3000:]
+    assert len(job.records("checkpointed_r*.json")) == 1
+    assert job.final_message() == ("fsm-agent run: preempted (received SIGTERM); workers "
+                                   "drained (exit 143)")
     assert not [p for p in pids if alive(p)]
 
 
