@@ -43,7 +43,7 @@ if not TORCH_INSTALLED:
 
 
 #: Without torch these are not collected: they test the torch adapter.
-_TORCH_DIRS = ("torch", "torch_upstream", "reliability", "perf")
+_TORCH_DIRS = ("torch", "torch_upstream", "reliability", "perf", "slurm")
 #: Tests that need torch without importing it: they start ``fsm-agent run`` or ``demo``, or run
 #: README snippets and examples that use torch's result types. (Node id prefixes, so that a
 #: renamed test fails the torch-free run instead of being skipped unseen.)
