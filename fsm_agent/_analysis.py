@@ -164,7 +164,7 @@ class JobAnalysis:
     root_cause: FailureInfo | None
     root_incident: Incident | None
     outcome: str  # SUCCEEDED, FAILED, LEFT, PREEMPTED, INTERRUPTED, RUNNING, ...
-    restarts_used: int
+    restarts_used: int  # of the default budget (--max-restarts)
     restart_budget: int | None
     start: float
     end: float
@@ -172,6 +172,8 @@ class JobAnalysis:
     stacks: tuple[Mapping[str, Any], ...]
     error_files: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    #: Restarts spent from each of the spec's named budgets (``fsm_agent._budgets``).
+    budget_restarts: tuple[tuple[str, int], ...] = ()
 
     @property
     def lost(self) -> float:
@@ -337,6 +339,11 @@ def _segments(records: Sequence[TraceRecord], spec: Spec | None) -> list[Segment
     return merged
 
 
+def _consume_actions(spec: Spec | None) -> frozenset[str]:
+    """The actions that spend a restart: the default budget's and each named budget's."""
+    return frozenset({"consume_restart", *(b.action for b in (spec.budgets if spec else ()))})
+
+
 def _cause(trigger: str, failures: Sequence[FailureInfo]) -> str:
     if trigger == "hung":
         return "hang"
@@ -372,7 +379,8 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
             j += 1
         last = chain[-1]
         dest = last.dest or "?"
-        consumed = any(str(a.get("name")) == "consume_restart" for r in chain for a in r.actions)
+        consume = _consume_actions(spec)
+        consumed = any(str(a.get("name")) in consume for r in chain for a in r.actions)
         if dest in RUNNING_STATES:
             outcome = "restart" if consumed else ("membership restart" if membership
                                                   else "rejoined")
@@ -396,7 +404,7 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
         else:
             decider = ruled or next(
                 (r for r in chain
-                 if any(str(a.get("name")) == "consume_restart" for a in r.actions)),
+                 if any(str(a.get("name")) in consume for a in r.actions)),
                 None) or (next((r for r in chain if r.guards), None) or rec)
         failures = _failures(rec, node)
         stacks: list[Mapping[str, Any]] = []
@@ -491,6 +499,7 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
     spec_name = run_id = None
     budget: int | None = None
     used = 0
+    named: dict[str, int] = {}
     for idx, parts in enumerate(sorted(by_agent.values(), key=lambda p: _first_time(p[0][0]))):
         segs: list[Segment] = []
         records_total = steps = 0
@@ -513,7 +522,13 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
             b = int(first.data.get("remaining_restarts", 0)) + int(first.data.get(
                 "restart_count", 0))
             budget = b if budget is None else max(budget, b)
-            used = max(used, int(recs[-1].data.get("restart_count", 0)))
+            # restart_count counts every budget's restarts: the named ones' are told apart
+            mine = {bud.name: sum(1 for r in recs for a in r.actions
+                                  if str(a.get("name")) == bud.action)
+                    for bud in (spec.budgets if spec is not None else ())}
+            for name, spent in mine.items():
+                named[name] = max(named.get(name, 0), spent)
+            used = max(used, int(recs[-1].data.get("restart_count", 0)) - sum(mine.values()))
             segs.extend(_segments(recs, spec))
             incidents.extend(_incidents(idx, node, recs, spec))
             records_total += len(recs)
@@ -557,6 +572,7 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
         lost_by_cause=tuple(sorted(((c, s, k) for c, (s, k) in lost.items()),
                                    key=lambda t: -t[1])),
         stacks=stacks, error_files=error_files, warnings=tuple(warnings),
+        budget_restarts=tuple(sorted(named.items())),
     )
 
 
@@ -631,7 +647,8 @@ def format_text(a: JobAnalysis) -> str:
             x.decision.outcome, x.decision.outcome)
         lines.append(f"decided by: {x.decision.describe()} -> {verb}")
     if a.restart_budget is not None:
-        lines.append(f"restarts: {a.restarts_used} of {a.restart_budget} used")
+        lines.append(f"restarts: {a.restarts_used} of {a.restart_budget} used"
+                     + "".join(f"; budget {n}: {k} used" for n, k in a.budget_restarts))
     if a.incidents:
         parts = [f"{c} {fmt_seconds(s)} ({k}x)" for c, s, k in a.lost_by_cause]
         lines.append(f"time lost: {fmt_seconds(a.lost)}: " + "; ".join(parts))

@@ -34,9 +34,11 @@ from typing import Any
 
 import attrs
 
+from ._budgets import DEFAULT_BUDGET
 from ._clock import VirtualClock
 from ._engine import Lifecycle
 from ._params import bind_params, format_param, format_seconds
+from ._policy import budget_limits, rule_budgets
 from ._spec import OBSERVATION_TRIGGERS, Spec
 from ._step import Step
 
@@ -259,6 +261,42 @@ def _values(spec: Spec, params: Mapping[str, Any] | None) -> dict[str, Any]:
     return bind_params(spec.params, params, path=spec.path)
 
 
+def budget_rows(spec: Spec, limits: Limits, params: Mapping[str, Any] | None = None
+                ) -> list[dict[str, Any]]:
+    """Every restart budget of ``spec``: the default one (``--max-restarts``) and each named
+    one, with its maximum, window (seconds), scope and the rules that spend it."""
+    values = {**_values(spec, params), "max_restarts": limits.max_restarts,
+              "exit_barrier_timeout": limits.exit_barrier_timeout}
+    window = float(spec.budget.window.resolve(values))
+    restarting = {r.name for r in spec.policy.rules
+                  if spec.policy.outcomes[r.then].restarts} if spec.policy else set()
+    spends = {r: b for r, b in rule_budgets(spec).items() if r in restarting}
+    rows = [{"name": DEFAULT_BUDGET, "max": limits.max_restarts, "window": window,
+             "scope": spec.budget.scope,
+             "rules": [r for r, b in spends.items() if b == DEFAULT_BUDGET]}]
+    for name, (most, win) in budget_limits(spec, values, window).items():
+        rows.append({"name": name, "max": most, "window": win, "scope": spec.budget.scope,
+                     "rules": [r for r, b in spends.items() if b == name]})
+    return rows
+
+
+def _budget_lines(spec: Spec, limits: Limits, params: Mapping[str, Any] | None) -> list[str]:
+    rows = budget_rows(spec, limits, params)
+    if len(rows) == 1:
+        return []
+    out = []
+    for r in rows:
+        within = "the whole job" if math.isinf(r["window"]) else \
+            f"any {format_seconds(r['window'])}"
+        who = "--max-restarts" if r["name"] == DEFAULT_BUDGET else "restarts"
+        rules = ", ".join(r["rules"]) or "none"
+        out.append(f"  budget {r['name']}: {r['max']} {who} within {within}, counted by "
+                   f"{'the job' if r['scope'] == 'job' else 'each agent'} (rules: {rules})")
+    out.append(f"  at most {sum(r['max'] for r in rows)} failure restarts in all (a failure "
+               "spends one budget: the crash loop below spends the one its failures match)")
+    return out
+
+
 def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
                   params: Mapping[str, Any] | None = None) -> str:
     """The table ``fsm-agent check --bounds`` prints."""
@@ -275,6 +313,7 @@ def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
     if values:
         head.append("  parameters: " + ", ".join(f"{k}={_param_text(spec, k, v)}"
                                                 for k, v in sorted(values.items())))
+    head.extend(_budget_lines(spec, limits, params))
     head = [textwrap.fill(line, 100, subsequent_indent="    ", break_on_hyphens=False)
             for line in head]
     rows = [("scenario", "restarts", "gives up after", "outcome", "where the time goes")]
@@ -308,6 +347,8 @@ def bounds_json(spec: Spec, results: list[Bound], limits: Limits,
         "path": spec.path,
         "params": {k: format_param(spec.param(k).type, v) for k, v in sorted(values.items())},
         "limits": attrs.asdict(limits),
+        "budgets": [{**r, "window": None if math.isinf(r["window"]) else r["window"]}
+                    for r in budget_rows(spec, limits, params)],
         "scenarios": [{"scenario": b.scenario, "restarts": b.restarts,
                        "gives_up_after": None if b.seconds is None else round(b.seconds, 6),
                        "final_state": b.final_state, "exit_code": b.exit_code,

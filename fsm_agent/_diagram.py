@@ -155,6 +155,8 @@ def _mermaid_legend(spec: Spec, values: Mapping[str, Any],
         out.append(f"{role} {name} = {what}")
     if leg.budget:
         out.append(f"restart budget - {leg.budget_short}")
+    for name, short, _ in leg.named_budgets:
+        out.append(f"budget {name} - {short}")
     if leg.policy:
         out.append("failure policy (the diamond) - rules numbered in the order they are tried, "
                    "the first that matches decides")
@@ -301,6 +303,10 @@ def _legend_html(spec: Spec, values: Mapping[str, Any], given: Mapping[str, Any]
         budget = "<br/>".join(_html(x) for x in _wrap(leg.budget, 90))
         right.append(f'<table border="0"><tr><td align="left" balign="left"><b>restart budget'
                      f"</b><br/>{budget}</td></tr></table>")
+    for name, _, long in leg.named_budgets:
+        text = "<br/>".join(_html(x) for x in _wrap(long, 90))
+        right.append(f'<table border="0"><tr><td align="left" balign="left"><b>budget '
+                     f"{_html(name)}</b><br/>{text}</td></tr></table>")
     if right:
         blocks.append('<table border="0" cellspacing="6">' + "".join(
             f"<tr><td>{b}</td></tr>" for b in right) + "</table>")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import attrs
 
 from ._params import ParamSpec, Ref, format_param, format_seconds, format_value
-from ._spec import InstanceSpec, PolicySpec, RuleSpec, Spec, StateSpec, TimeoutSpec
+from ._policy import CONSUME_DEFAULT
+from ._spec import InstanceSpec, NamedBudgetSpec, PolicySpec, RuleSpec, Spec, StateSpec, TimeoutSpec
 
 __all__ = ["Change", "other_changes", "policy_changes", "state_details", "state_text"]
 
@@ -179,11 +180,36 @@ def _budget_changes(a: Spec, b: Spec) -> list[Change]:
     return [Change("changed", "budget", "budget", tuple(details), a.budget.line, b.budget.line)]
 
 
+def _named_budget_text(spec: Spec, b: NamedBudgetSpec) -> str:
+    window = _ref(spec, b.window) if b.window is not None else "the default budget's window"
+    return f"at most {_ref(spec, b.max, 'int')} restarts within any {window}"
+
+
+def _named_budget_changes(a: Spec, b: Spec) -> list[Change]:
+    na, nb = {x.name: x for x in a.budgets}, {x.name: x for x in b.budgets}
+    out = []
+    for name, x in na.items():
+        y = nb.get(name)
+        if y is None:
+            out.append(Change("removed", "budget", name, (_named_budget_text(a, x),), x.line,
+                              None))
+        elif _named_budget_text(a, x) != _named_budget_text(b, y):
+            out.append(Change("changed", "budget", name, (
+                f"{_named_budget_text(a, x)} -> {_named_budget_text(b, y)}",), x.line, y.line))
+    for name, y in nb.items():
+        if name not in na:
+            out.append(Change("added", "budget", name, (_named_budget_text(b, y),), None,
+                              y.line))
+    return out
+
+
 def _synthesized(spec: Spec) -> set[str]:
-    """The guards a rule with several conditions compiles into: the rule diff covers them."""
+    """The guards a rule with several conditions compiles into, and a named budget's guard and
+    action: the rule and budget diffs cover them."""
+    named = {n for x in spec.budgets for n in (x.guard, x.action)}
     if spec.policy is None:
-        return set()
-    return {f"rule_{r.name}" for r in spec.policy.rules if len(r.when) > 1}
+        return named
+    return named | {f"rule_{r.name}" for r in spec.policy.rules if len(r.when) > 1}
 
 
 def _args_text(spec: Spec, inst: InstanceSpec, *, defaults: bool = False) -> dict[str, str]:
@@ -259,7 +285,11 @@ def _outcome_text(policy: PolicySpec, name: str) -> str:
 
 def _rule_text(policy: PolicySpec, r: RuleSpec, number: int) -> str:
     when = " & ".join(r.when) or "any failure"
-    return f"rule {number}: when {when} then {_outcome_text(policy, r.then)}"
+    then = _outcome_text(policy, r.then)
+    if r.budget:  # the rule spends its own budget's action in place of the default's
+        then = then.replace(CONSUME_DEFAULT, f"consume_{r.budget}_restart") \
+            + f", spending budget {r.budget}"
+    return f"rule {number}: when {when} then {then}"
 
 
 def _policy_whole(spec: Spec, policy: PolicySpec) -> tuple[str, ...]:
@@ -299,6 +329,9 @@ def _rule_changes(a: Spec, pa: PolicySpec, b: Spec, pb: PolicySpec) -> list[Chan
         old, new = _outcome_text(pa, r.then), _outcome_text(pb, s.then)
         if old != new:
             details.append(f"then: {old} -> {new}")
+        if r.budget != s.budget:
+            details.append(f"budget: {r.budget or 'default'} -> {s.budget or 'default'} (the "
+                           "budget its restarts spend)")
         if details:
             out.append(Change("changed", "rule", name, tuple(details), r.line, s.line))
     for name in added:
@@ -346,4 +379,5 @@ def policy_changes(a: Spec, b: Spec) -> list[Change]:
 def other_changes(a: Spec, b: Spec) -> list[Change]:
     """Parameters, the spec's guards and actions, and the restart budget."""
     return (_param_changes(a, b) + _instance_changes(a, b, "guard")
-            + _instance_changes(a, b, "action") + _budget_changes(a, b))
+            + _instance_changes(a, b, "action") + _budget_changes(a, b)
+            + _named_budget_changes(a, b))

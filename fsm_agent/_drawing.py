@@ -15,7 +15,9 @@ from typing import Any
 
 import attrs
 
+from ._budgets import BUDGET_KINDS
 from ._params import ParamSpec, Ref, bind_params, format_param, format_seconds, format_value
+from ._policy import rule_guard
 from ._spec import PolicySpec, Spec, StateSpec, TimeoutSpec
 from ._spec import TransitionSpec as Transition
 
@@ -92,7 +94,7 @@ def drawn_edges(spec: Spec) -> list[Edge]:
         for source in t.sources:
             if policy is not None and _decided(spec, source, t):
                 assert t.rule is not None
-                spent = policy.budget_guard in t.unless
+                spent = rule_guard(spec, t.rule) in t.unless
                 rules.setdefault((t.rule, spent, t.dest, t.actions), []).append((t.index, source))
                 ins.setdefault((t.triggers[0], source), []).append((t.index, source))
                 continue
@@ -110,7 +112,7 @@ def drawn_edges(spec: Spec) -> list[Edge]:
         conds = list(when[rule])
         outcome = next((r.then for r in policy.rules if r.name == rule), "")
         if policy.outcomes[outcome].restarts:
-            conds.append(("!" if spent else "") + policy.budget_guard)
+            conds.append(("!" if spent else "") + rule_guard(spec, rule))
         event = f"{number[rule]}. {rule}" + (f" [{' & '.join(conds)}]" if conds else "")
         out.append(Edge(CHOICE, dest, event, _effect(actions), tuple(keys), "rule"))
     return out
@@ -190,6 +192,8 @@ class Legend:
     vocabulary: tuple[tuple[str, ...], ...] = ()
     budget: str = ""
     budget_short: str = ""
+    #: The spec's named budgets: (name, short text, long text).
+    named_budgets: tuple[tuple[str, str, str], ...] = ()
 
 
 def _range_text(p: ParamSpec) -> str:
@@ -225,7 +229,7 @@ def _policy_rows(spec: Spec, policy: PolicySpec) -> list[tuple[str, ...]]:
         then = f"{r.then} → {o.dest}"
         if o.restarts:
             give_up = policy.outcomes["give_up"]
-            then += f" while {policy.budget_guard}, else give_up → {give_up.dest}"
+            then += f" while {rule_guard(spec, r.name)}, else give_up → {give_up.dest}"
         rows.append((str(i), r.name, " & ".join(r.when) or "any failure", then, r.description))
     return rows
 
@@ -254,6 +258,8 @@ def legend(spec: Spec, values: Mapping[str, Any], given: Mapping[str, Any] | Non
     for inst in (*spec.guard_defs, *spec.action_defs):
         if inst.kind == "all_of" and inst.name.startswith("rule_"):
             continue  # synthesized for a rule with several conditions: the rule table says it
+        if inst.kind in BUDGET_KINDS:
+            continue  # declared by a named budget: the budget line says it
         args = ", ".join(_arg_text(spec, v, values) if len(inst.args) == 1
                          else f"{k}={_arg_text(spec, v, values)}" for k, v in inst.args.items())
         vocab.append((inst.role, inst.name, f"{inst.kind}({args})", inst.description))
@@ -270,5 +276,14 @@ def legend(spec: Spec, values: Mapping[str, Any], given: Mapping[str, Any] | Non
                   + (" (inf: the whole job)" if whole else "")
                   + f", counted {counted}; membership restarts never count")
         short = f"--max-restarts within any {ref_text(spec, window, values)}"
+    named: list[tuple[str, str, str]] = []
+    for b in spec.budgets:
+        within = ref_text(spec, b.window if b.window is not None else window, values)
+        rules = [r.name for r in spec.policy.rules if r.budget == b.name] if spec.policy else []
+        spent = f"rule {', '.join(rules)}" if rules else "no rule spends it"
+        most = ref_text(spec, b.max, values, "int")
+        named.append((b.name, f"{most} within any {within}",
+                      f"at most {most} failure restarts within any window of {within} "
+                      f"({spent}), apart from --max-restarts"))
     return Legend(tuple(params), head if params else (), tuple(policy_rows), note, tuple(vocab),
-                  budget, short)
+                  budget, short, tuple(named))

@@ -51,23 +51,26 @@ class JobDriver(Protocol):
     (``has_restarts_left``, ``consume_restart`` and ``remaining_restarts`` read the job's count),
     and ``announce_failure`` tells every other agent that this one gives up. A driver without
     them is a job of one agent: the budget is counted by the lifecycle, the announcement is
-    skipped. ``window`` is the budget's sliding window in seconds (``inf``: the whole job).
+    skipped. ``window`` is the budget's sliding window in seconds (``inf``: the whole job);
+    ``budget`` names a spec's named budget (``fsm_agent._budgets``; "" the default one). It is
+    passed only for a named budget, so a driver for specs without them may leave it out.
     ``has_job`` (optional, default True) says whether the driver is in a job of several agents
     right now; when False the lifecycle counts by itself.
     """
 
-    def job_restart_count(self, window: float) -> int:
-        """Failure restarts the job has counted (within ``window``)."""
+    def job_restart_count(self, window: float, budget: str = "") -> int:
+        """Failure restarts the job has counted against ``budget`` (within ``window``)."""
         ...
 
-    def job_restarts_left(self, max_restarts: int, window: float) -> int:
-        """Restarts left for a failure of the current round (at least 1 when another agent has
-        already counted that round's failure)."""
+    def job_restarts_left(self, max_restarts: int, window: float, budget: str = "") -> int:
+        """Restarts of ``budget`` left for a failure of the current round (at least 1 when
+        another agent has already counted that round's failure)."""
         ...
 
-    def add_job_restart(self, max_restarts: int, window: float) -> int:
-        """Count the current round's failure restart once for the job; the job's count after
-        it. Raises ``TriggerInterrupt`` (``job_failed``) when the budget was spent meanwhile."""
+    def add_job_restart(self, max_restarts: int, window: float, budget: str = "") -> int:
+        """Count the current round's failure restart once for the job, against ``budget``;
+        that budget's count after it. Raises ``TriggerInterrupt`` (``job_failed``) when the
+        budget was spent meanwhile."""
         ...
 
     def announce_failure(self, exit_code: int, reason: str) -> None:

@@ -21,6 +21,7 @@ from ._compile import compile_spec, guard_value
 from ._errors import ActionError, LifecycleError, TriggerInterrupt
 from ._load import load_spec
 from ._params import bind_params, check_settings
+from ._policy import budget_limits
 from ._progress import note_attempt_end
 from ._spec import (
     ALWAYS_TRIGGER,
@@ -96,14 +97,16 @@ class Lifecycle:
         values = {**bound, "max_restarts": max_restarts,
                   "exit_barrier_timeout": float(exit_barrier_timeout)}
         self._compiled = compile_spec(self.spec, values)
+        window = float(self.spec.budget.window.resolve(values))
         self._ctx = Context(
             driver=driver, role=role, max_restarts=max_restarts, remaining_restarts=max_restarts,
             exit_barrier_timeout=float(exit_barrier_timeout), state=self._compiled.initial,
             fatal_exceptions=tuple(fatal_exceptions), params=bound,
             clock=clock if clock is not None else _CLOCK,
             rng=rng if rng is not None else _RNG,
-            window=float(self.spec.budget.window.resolve(values)),
+            window=window,
             budget_scope=self.spec.budget.scope,
+            budget_limits=budget_limits(self.spec, values, window),
             guard_fns=self._compiled.guards,
         )
         self._listeners: tuple[Listener, ...] = tuple(listeners)

@@ -15,9 +15,11 @@ a ``TCPStore`` hosted by one of the agents. :class:`JobChannel` adds a few keys 
     not take the news down with it.
 ``restarts``
     The job-wide restart ledger: the rendezvous rounds whose failure restart was counted, each
-    with the wall-clock time of the claim. Claims are a ``compare_set`` loop, so deciding and
-    counting are one atomic step: the budget can never be exceeded, and a failure that several
-    agents see in the same round is counted once (the others ride along on the first claim).
+    with the wall-clock time of the claim (``round@time``; ``round@time@budget`` for a spec's
+    named budget, ``fsm_agent._budgets``). Claims are a ``compare_set`` loop, so deciding and
+    counting are one atomic step: no budget can ever be exceeded, and a failure that several
+    agents see in the same round is counted once (the others ride along on the first claim,
+    whichever budget it spent: one ledger for every budget keeps that a single key).
 ``finishing``
     Set by an agent that reached its exit barrier after success: a restart that needs that agent
     in the next round can never complete.
@@ -44,6 +46,7 @@ import attrs
 from ._errors import TriggerInterrupt
 
 __all__ = [
+    "ANY",
     "JOB_FAILED",
     "LINGER_TIMEOUT",
     "POLL_INTERVAL",
@@ -234,15 +237,22 @@ class JobOver(TriggerInterrupt):
         self.outcome = outcome
 
 
-def _ledger(raw: bytes) -> list[tuple[str, float]]:
+#: A ledger entry: (round, wall-clock time of the claim, budget; "" for the default budget).
+Entry = tuple[str, float, str]
+#: ``budget=ANY`` counts the restarts of every budget (the attempt number the workers see).
+ANY = None
+
+
+def _ledger(raw: bytes) -> list[Entry]:
     out = []
     for entry in raw.decode(errors="replace").split(","):
-        rnd, _, when = entry.partition("@")
+        rnd, _, rest = entry.partition("@")
+        when, _, budget = rest.partition("@")
         if rnd:
             try:
-                out.append((rnd, float(when)))
+                out.append((rnd, float(when), budget))
             except ValueError:
-                out.append((rnd, 0.0))
+                out.append((rnd, 0.0, budget))
     return out
 
 
@@ -278,7 +288,7 @@ class JobChannel:
         self._outcome: JobOutcome | None = None
         self._acked = False
         self._last_poll = -math.inf
-        self._ledger_cache: list[tuple[str, float]] = []
+        self._ledger_cache: list[Entry] = []
 
     # -- the outcome -------------------------------------------------------------------------
 
@@ -358,30 +368,47 @@ class JobChannel:
         return self.store.get(self.ledger_key)
 
     def ledger(self) -> list[tuple[str, float]]:
-        """The counted failure restarts: (round, wall-clock time of the claim), oldest first."""
+        """The counted failure restarts of every budget: (round, wall-clock time of the claim),
+        oldest first (:meth:`entries` says which budget each spent)."""
+        return [(r, when) for r, when, _ in self.entries()]
+
+    def entries(self) -> list[Entry]:
+        """The counted failure restarts: (round, time of the claim, budget; "" the default)."""
         self._ledger_cache = _ledger(self._read_ledger())
         return list(self._ledger_cache)
 
-    def _count(self, entries: Sequence[tuple[str, float]], window: float) -> int:
+    def _count(self, entries: Sequence[Entry], window: float, budget: str | None = "") -> int:
+        mine = [when for _, when, b in entries if budget is ANY or b == budget]
         if window == math.inf:
-            return len(entries)
+            return len(mine)
         horizon = self._wall() - window
-        return sum(1 for _, when in entries if when > horizon)
+        return sum(1 for when in mine if when > horizon)
 
-    def restart_count(self, window: float = math.inf, *, cached: bool = False) -> int:
-        """Failure restarts the job counted (within ``window`` seconds of wall-clock time)."""
-        return self._count(self._ledger_cache if cached else self.ledger(), window)
+    def restart_count(self, window: float = math.inf, *, cached: bool = False,
+                      budget: str | None = "") -> int:
+        """Failure restarts the job counted against ``budget`` ("": the default one; ``ANY``:
+        every budget), within ``window`` seconds of wall-clock time."""
+        return self._count(self._ledger_cache if cached else self.entries(), window, budget)
 
-    def restarts_left(self, round_id: str, max_restarts: int, window: float = math.inf) -> int:
-        """Restarts left for a failure in ``round_id``: at least 1 if that round's failure is
-        already counted (another agent claimed it; this one rides along)."""
-        entries = self.ledger()
-        if any(r == str(round_id) for r, _ in entries):
-            return max(1, max_restarts - self._count(entries, window))
-        return max(0, max_restarts - self._count(entries, window))
+    def budget_of(self, round_id: str) -> str | None:
+        """The budget whose restart counted ``round_id``'s failure ("" the default; None: not
+        counted), from the last ledger read."""
+        return next((b for r, _, b in self._ledger_cache if r == str(round_id)), None)
 
-    def claim_restart(self, round_id: str, max_restarts: int, window: float = math.inf) -> int:
-        """Count the failure restart of ``round_id`` once for the job; the job's count after it.
+    def restarts_left(self, round_id: str, max_restarts: int, window: float = math.inf,
+                      *, budget: str = "") -> int:
+        """Restarts of ``budget`` left for a failure in ``round_id``: at least 1 if that round's
+        failure is already counted (another agent claimed it, against whichever budget; this
+        one rides along)."""
+        entries = self.entries()
+        if any(r == str(round_id) for r, _, _ in entries):
+            return max(1, max_restarts - self._count(entries, window, budget))
+        return max(0, max_restarts - self._count(entries, window, budget))
+
+    def claim_restart(self, round_id: str, max_restarts: int, window: float = math.inf,
+                      *, budget: str = "") -> int:
+        """Count the failure restart of ``round_id`` once for the job, against ``budget`` ("":
+        the default); that budget's count after it.
 
         Raises :class:`JobOver` (having announced the failure) if another round took the last
         restart since this agent looked: deciding and counting are one ``compare_set``.
@@ -389,25 +416,29 @@ class JobChannel:
         rnd = str(round_id)
         if "," in rnd or "@" in rnd:
             raise ValueError(f"round id {rnd!r} may not contain ',' or '@'")
+        if budget and not budget.isidentifier():
+            raise ValueError(f"budget {budget!r} is not a name")
         current = self._read_ledger()
         while True:
             entries = _ledger(current)
-            if any(r == rnd for r, _ in entries):
+            if any(r == rnd for r, _, _ in entries):
                 self._ledger_cache = entries
-                return self._count(entries, window)
-            if self._count(entries, window) >= max_restarts:
+                return self._count(entries, window, budget)
+            if self._count(entries, window, budget) >= max_restarts:
                 self._ledger_cache = entries
-                outcome = self.announce(1, f"the job's restart budget is spent "
-                                        f"(max_restarts={max_restarts})")
+                spent = (f"the job's {budget} restart budget is spent (max={max_restarts})"
+                         if budget else
+                         f"the job's restart budget is spent (max_restarts={max_restarts})")
+                outcome = self.announce(1, spent)
                 raise JobOver(outcome)
-            entry = f"{rnd}@{self._wall():.3f}".encode()
-            desired = current + b"," + entry if current else entry
+            entry = f"{rnd}@{self._wall():.3f}" + (f"@{budget}" if budget else "")
+            desired = current + b"," + entry.encode() if current else entry.encode()
             held = self.store.compare_set(self.ledger_key, current, desired)
             if held == desired:
                 self._ledger_cache = _ledger(desired)
                 # who claimed it, for the agents that restart with it (their log says why)
                 self.store.set(f"{self.claims_prefix}/{rnd}", self.node)
-                return self._count(self._ledger_cache, window)
+                return self._count(self._ledger_cache, window, budget)
             current = held  # another agent claimed in between: look again
 
     def claimer(self, round_id: str) -> str | None:

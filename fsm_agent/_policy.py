@@ -4,15 +4,30 @@ A table is an ordered list of rules, first match wins (Kubernetes' ``podFailureP
 ``i`` holds when its own condition holds and no earlier rule's does. Each rule becomes one
 transition per ``(trigger, source)`` the table decides on, guarded by its condition and by the
 negation of every earlier condition; an outcome that restarts becomes two, split on the budget
-guard (restart while it holds, give up once it does not). The engine, diagrams, diff, replay
-and the conformance kit therefore see plain transitions; each carries its rule's name.
+guard (restart while it holds, give up once it does not). A rule that names a budget of its own
+(``budget: infra``) splits on that budget's guard and spends it with that budget's action in
+place of ``consume_restart`` (``fsm_agent._budgets``). The engine, diagrams, diff, replay and the
+conformance kit therefore see plain transitions; each carries its rule's name.
 """
 
 from __future__ import annotations
 
-from ._spec import InstanceSpec, OutcomeSpec, PolicySpec, RuleSpec, TransitionSpec
+from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["DEFAULT_OUTCOMES", "compile_policy", "rule_condition"]
+from ._budgets import DEFAULT_BUDGET
+from ._spec import (
+    InstanceSpec,
+    NamedBudgetSpec,
+    OutcomeSpec,
+    PolicySpec,
+    RuleSpec,
+    Spec,
+    TransitionSpec,
+)
+
+__all__ = ["CONSUME_DEFAULT", "DEFAULT_OUTCOMES", "budget_limits", "compile_policy",
+           "rule_budgets", "rule_condition", "rule_guard"]
 
 DEFAULT_OUTCOMES: dict[str, OutcomeSpec] = {
     o.name: o
@@ -37,8 +52,12 @@ def rule_condition(rule: RuleSpec) -> str | None:
     return rule.when[0] if len(rule.when) == 1 else f"rule_{rule.name}"
 
 
+#: The action of the default budget, which a rule with a budget of its own replaces.
+CONSUME_DEFAULT = "consume_restart"
+
+
 def compile_policy(
-    policy: PolicySpec, *, start_index: int
+    policy: PolicySpec, *, start_index: int, budgets: Sequence[NamedBudgetSpec] = ()
 ) -> tuple[tuple[TransitionSpec, ...], tuple[InstanceSpec, ...]]:
     """The table's transitions (numbered from ``start_index``) and the guards it synthesizes.
 
@@ -49,6 +68,7 @@ def compile_policy(
     synthesized: list[InstanceSpec] = []
     earlier: list[str] = []
     give_up = policy.outcomes["give_up"]
+    named = {b.name: b for b in budgets}
     for rule in policy.rules:
         cond = rule_condition(rule)
         if cond is not None and cond in earlier:
@@ -59,14 +79,23 @@ def compile_policy(
                                             description=f"rule {rule.name}: all of "
                                             f"{', '.join(rule.when)}", line=rule.line))
         outcome = policy.outcomes[rule.then]
+        budget_guard = policy.budget_guard
+        if rule.budget is not None:
+            spent = named[rule.budget]
+            budget_guard = spent.guard
+            outcome = OutcomeSpec(outcome.name, outcome.dest, tuple(
+                spent.action if a == CONSUME_DEFAULT else a for a in outcome.actions),
+                outcome.restarts)
         guards = (cond,) if cond is not None else ()
         for trigger, source in policy.on:
-            variants = [(outcome, guards + ((policy.budget_guard,) if outcome.restarts else ()),
+            variants = [(outcome, guards + ((budget_guard,) if outcome.restarts else ()),
                          tuple(earlier))]
             if outcome.restarts:
-                variants.append((give_up, guards, (*earlier, policy.budget_guard)))
+                variants.append((give_up, guards, (*earlier, budget_guard)))
             for target, req, forbid in variants:
-                what = rule.then if target is outcome else f"{rule.then}, budget spent: give_up"
+                spent_what = f"budget {rule.budget}" if rule.budget else "budget"
+                what = (rule.then if target is outcome
+                        else f"{rule.then}, {spent_what} spent: give_up")
                 out.append(TransitionSpec(
                     triggers=(trigger,), sources=(source,), dest=target.dest, guards=req,
                     unless=forbid, actions=target.actions,
@@ -77,3 +106,32 @@ def compile_policy(
             break
         earlier.append(cond)
     return tuple(out), tuple(synthesized)
+
+
+# -- a spec's budgets (fsm_agent._budgets) ---------------------------------------------------
+
+
+def budget_limits(spec: Spec, values: Mapping[str, Any], default_window: float
+                  ) -> dict[str, tuple[int, float]]:
+    """Each named budget's (max, window seconds) with ``values`` in force."""
+    out = {}
+    for b in spec.budgets:
+        window = default_window if b.window is None else float(b.window.resolve(values))
+        out[b.name] = (int(b.max.resolve(values)), window)
+    return out
+
+
+def rule_guard(spec: Spec, rule: str) -> str:
+    """The budget guard rule ``rule``'s restarts are split on (the policy's, or its budget's)."""
+    assert spec.policy is not None
+    spends = next((r.budget for r in spec.policy.rules if r.name == rule), None)
+    if spends is None:
+        return spec.policy.budget_guard
+    return next(b.guard for b in spec.budgets if b.name == spends)
+
+
+def rule_budgets(spec: Spec) -> dict[str, str]:
+    """Rule name -> the budget its restarts spend (:data:`DEFAULT_BUDGET` for the default)."""
+    if spec.policy is None:
+        return {}
+    return {r.name: r.budget or DEFAULT_BUDGET for r in spec.policy.rules}

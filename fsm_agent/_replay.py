@@ -296,11 +296,14 @@ def _check_step(
                         f"the spec (line {chosen.line}) runs "
                         f"{_fmt_actions(want, rec.source, chosen.dest)}")
     consumed = sum(1 for kind, name in got if name == _CONSUME)
+    # restart_count counts the restarts of every budget; remaining_restarts is the default's
+    named = {b.action for b in spec.budgets}
+    counted = consumed + sum(1 for kind, name in got if name in named)
     new_restarts = rec.data["restart_count"]
     new_remaining = rec.data["remaining_restarts"]
-    if restarts is not None and new_restarts != restarts + consumed:
+    if restarts is not None and new_restarts != restarts + counted:
         return chosen, (f"{where}: restart_count went from {restarts} to {new_restarts}, but the "
-                        f"step consumed {consumed} restart(s)")
+                        f"step consumed {counted} restart(s)")
     if shared and not window and (new_remaining < 0 or (remaining is not None
                                                         and new_remaining > remaining)):
         return chosen, (f"{where}: remaining_restarts went from {remaining} to {new_remaining}; "

@@ -326,6 +326,7 @@ def render_html(
     name = title or f"fsm-agent report: {a.spec_name or 'job'}"
     budget = (f"{a.restarts_used} / {a.restart_budget}" if a.restart_budget is not None
               else str(a.restarts_used))
+    budget += "".join(f"; {n}: {k}" for n, k in a.budget_restarts)
     cards = [
         ("outcome", a.outcome),
         ("wall time", fmt_seconds(max(0.0, a.end - a.start))),

@@ -11,6 +11,7 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ._budgets import BUDGET_KINDS, RESERVED_BUDGETS
 from ._errors import Problem, SpecError
 from ._params import (
     BUILTIN_VALUES,
@@ -34,6 +35,7 @@ from ._spec import (
     BudgetSpec,
     InstanceSpec,
     MetricSpec,
+    NamedBudgetSpec,
     OutcomeSpec,
     PolicySpec,
     RuleSpec,
@@ -62,6 +64,7 @@ _TOP_KEYS = {
     "guards": False,
     "actions": False,
     "budget": False,
+    "budgets": False,
     "failure_policy": False,
     "restart_forever": False,
 }
@@ -88,6 +91,21 @@ _NUMERIC = ("int", "float", "duration")
 # A name of the embedding program's own is unknown only until it is registered: say how.
 _OWN_NAMES = ("; one of your program's own: register it in a fsm_agent.Vocabulary, "
               "--vocabulary MODULE:ATTR")
+
+
+def budget_instance(b: NamedBudgetSpec, role: str) -> InstanceSpec:
+    """The guard (``role="guard"``) or action a named budget declares (``fsm_agent._budgets``)."""
+    if role == "guard":
+        return InstanceSpec(name=b.guard, kind="budget_left", args={"budget": b.name},
+                            role="guard", description=f"a restart of budget {b.name} is left",
+                            line=b.line)
+    return InstanceSpec(name=b.action, kind="consume_budget", args={"budget": b.name},
+                        role="action", description=f"spend one restart of budget {b.name}",
+                        line=b.line)
+
+
+def _literal(value: Any) -> Any:
+    return value.value if isinstance(value, Ref) and value.name is None else value
 
 
 class Findings:
@@ -132,6 +150,8 @@ class _Shape:
         self.states: set[str] = set()
         self.guards: set[str] = set(vocab.guards)
         self.actions: set[str] = set(vocab.actions)
+        self.budget_names: set[str] = set()
+        self.budget_declared: dict[str, str] = {}  # a named budget's guard and action
 
     def problem(self, where: Sequence[Any], message: str) -> None:
         self.found.problem(where, message)
@@ -230,6 +250,7 @@ class _Shape:
         description = self._text(raw, ())
         triggers = self._triggers(raw.get("triggers"))
         params = self._params(raw.get("params"))
+        named = self._named_budgets(raw.get("budgets"))
         guard_defs = self._instances(raw.get("guards"), "guards")
         action_defs = self._instances(raw.get("actions"), "actions")
         budget = self._budget(raw.get("budget"))
@@ -239,8 +260,12 @@ class _Shape:
         forever = self._bool(raw.get("restart_forever", False), ("restart_forever",))
         policy = self._policy(raw.get("failure_policy"))
         self.found.fail_if_any()
+        # A named budget's guard and action: declared by the budget, never written by hand.
+        guard_defs = (*guard_defs, *(budget_instance(b, "guard") for b in named))
+        action_defs = (*action_defs, *(budget_instance(b, "action") for b in named))
         if policy is not None:
-            compiled, synthesized = compile_policy(policy, start_index=len(transitions))
+            compiled, synthesized = compile_policy(policy, start_index=len(transitions),
+                                                   budgets=named)
             transitions = (*transitions, *compiled)
             guard_defs = (*guard_defs, *synthesized)
         return Spec(
@@ -256,6 +281,7 @@ class _Shape:
             guard_defs=guard_defs,
             action_defs=action_defs,
             budget=budget,
+            budgets=named,
             policy=policy,
             restart_forever=forever,
         )
@@ -336,6 +362,11 @@ class _Shape:
             if not name.isidentifier():
                 self.problem(w, f"{name!r} is not a valid {role} name")
                 continue
+            if name in self.budget_declared:
+                self.problem(w, f"{role} {name!r} is declared by budget "
+                             f"{self.budget_declared[name]!r} (budgets.{self.budget_declared[name]}"
+                             "): name yours otherwise")
+                continue
             if name in taken:
                 self.problem(w, f"{role} {name!r} is already defined (built in or above)")
                 continue
@@ -357,6 +388,12 @@ class _Shape:
             # Declared only now: a guard cannot refer to itself.
             taken.add(name)
             if args is None:
+                continue
+            if kind_name in BUDGET_KINDS and _literal(args.get("budget")) not in \
+                    self.budget_names:
+                self.problem((*w, kind_name), f"unknown budget "
+                             f"{_literal(args.get('budget'))!r} (the spec's 'budgets': "
+                             f"{', '.join(sorted(self.budget_names)) or 'none declared'})")
                 continue
             out.append(InstanceSpec(name=name, kind=kind_name, args=args, role=role,
                                     timeout=timeout, description=self._text(decl, w),
@@ -446,6 +483,48 @@ class _Shape:
         window = self._value(value.get("window", "inf"), "duration", (*where, "window"))
         return BudgetSpec(scope=scope, window=window or BudgetSpec().window,
                           line=self.line(where))
+
+    def _named_budgets(self, value: Any) -> tuple[NamedBudgetSpec, ...]:
+        body = self._mapping(value, ("budgets",), "a mapping of budget names") or {}
+        out = []
+        for name, decl in body.items():
+            w = ("budgets", name)
+            if not isinstance(name, str) or not name.isidentifier():
+                self.problem(w, f"{name!r} is not a valid budget name (letters, digits, "
+                             "underscores)")
+                continue
+            if name in RESERVED_BUDGETS:
+                self.problem(w, f"{name!r} is the default budget (max_restarts, the 'budget' "
+                             "block): a named budget needs a name of its own")
+                continue
+            if not isinstance(decl, dict):
+                self.problem(w, f"expected a mapping (max, window, description), got "
+                             f"{kind_of(decl)}")
+                continue
+            self._keys(decl, ("max", "window", "description"), w)
+            if "max" not in decl:
+                self.problem(w, "missing required key 'max' (an int, or an int parameter)")
+                continue
+            most = self._value(decl["max"], "int", (*w, "max"))
+            if most is not None and most.name is None and int(most.value) < 0:
+                self.problem((*w, "max"), f"expected a count >= 0, got {most.value}")
+                most = None
+            window = (self._value(decl["window"], "duration", (*w, "window"))
+                      if "window" in decl else None)
+            if most is None or ("window" in decl and window is None):
+                continue
+            b = NamedBudgetSpec(name=name, max=most, window=window,
+                                description=self._text(decl, w), line=self.line(w))
+            for taken, what, role in ((self.guards, b.guard, "guard"),
+                                      (self.actions, b.action, "action")):
+                if what in taken:
+                    self.problem(w, f"budget {name!r} declares {role} {what!r}, which is "
+                                 "already defined")
+                taken.add(what)
+                self.budget_declared[what] = name
+            out.append(b)
+            self.budget_names.add(name)
+        return tuple(out)
 
     def _timeout(self, raw: Any, where: tuple[Any, ...]) -> TimeoutSpec | None:
         if not isinstance(raw, dict):
@@ -679,7 +758,7 @@ class _Shape:
             if not isinstance(body, dict):
                 self.problem(w, f"expected a mapping (name, when, then), got {kind_of(body)}")
                 continue
-            self._keys(body, ("name", "when", "then", "description"), w)
+            self._keys(body, ("name", "when", "then", "budget", "description"), w)
             name = self._str(body.get("name"), (*w, "name"), ident=True)
             if name is not None and name in seen:
                 self.problem((*w, "name"), f"rule {name!r} is defined twice")
@@ -691,9 +770,22 @@ class _Shape:
                 self.problem((*w, "then"), f"unknown outcome {then!r} (outcomes: "
                              f"{', '.join(outcomes)})")
                 continue
+            spends = body.get("budget")
+            if spends is not None:
+                if spends not in self.budget_names:
+                    known = ", ".join(sorted(self.budget_names)) or "none declared"
+                    self.problem((*w, "budget"), f"unknown budget {spends!r} (the spec's "
+                                 f"'budgets': {known}; omit it for the default budget, "
+                                 "max_restarts)")
+                    continue
+                if not outcomes[then].restarts:
+                    self.problem((*w, "budget"), f"rule {name!r} spends budget {spends!r}, "
+                                 f"but its outcome {then!r} does not restart")
+                    continue
             if name is not None:
                 rules.append(RuleSpec(name=name, when=when, then=then, index=i,
-                                      line=self.line(w), description=self._text(body, w)))
+                                      line=self.line(w), description=self._text(body, w),
+                                      budget=spends))
         used = {r.then for r in rules}
         if any(outcomes[o].restarts for o in used):
             used.add("give_up")  # where a restart goes when the budget is spent

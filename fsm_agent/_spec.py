@@ -26,6 +26,7 @@ __all__ = [
     "BudgetSpec",
     "InstanceSpec",
     "MetricSpec",
+    "NamedBudgetSpec",
     "OutcomeSpec",
     "PolicySpec",
     "RuleSpec",
@@ -175,6 +176,32 @@ class BudgetSpec:
 
 
 @attrs.frozen
+class NamedBudgetSpec:
+    """A budget of its own for the failures of one cause (``budgets: {infra: {max: ...}}``).
+
+    ``max`` is a literal or an int parameter; ``window`` (None: the default budget's) a duration.
+    It shares the default budget's ``scope``. Rules name it with ``budget: NAME``; its guard and
+    action (``guard``, ``action``) are synthesized: nothing else spends it.
+    """
+
+    name: str
+    max: Ref
+    window: Ref | None = None
+    description: str = ""
+    line: int | None = None
+
+    @property
+    def guard(self) -> str:
+        """The synthesized guard: a restart of this budget is left."""
+        return f"has_{self.name}_restarts_left"
+
+    @property
+    def action(self) -> str:
+        """The synthesized action: spend one restart of this budget."""
+        return f"consume_{self.name}_restart"
+
+
+@attrs.frozen
 class OutcomeSpec:
     """Where a failure-policy outcome goes."""
 
@@ -194,6 +221,8 @@ class RuleSpec:
     index: int
     line: int | None = None
     description: str = ""
+    #: The named budget a restart by this rule spends (None: the default budget, max_restarts).
+    budget: str | None = None
 
 
 @attrs.frozen
@@ -223,6 +252,7 @@ class Spec:
     guard_defs: tuple[InstanceSpec, ...] = ()
     action_defs: tuple[InstanceSpec, ...] = ()
     budget: BudgetSpec = BudgetSpec()
+    budgets: tuple[NamedBudgetSpec, ...] = ()
     policy: PolicySpec | None = None
     restart_forever: bool = False
     # Compiled engine artefacts, filled on first use by the engine (the spec itself never changes).

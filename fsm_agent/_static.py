@@ -296,7 +296,7 @@ class _Static:
 
     def _budget_guards(self) -> set[str]:
         spec = self.spec
-        out = set(BUDGET_GUARDS)
+        out = set(BUDGET_GUARDS) | {b.guard for b in spec.budgets}
         if spec.policy is not None:
             out.add(spec.policy.budget_guard)
         for g in spec.guard_defs:
@@ -309,10 +309,11 @@ class _Static:
         if spec.restart_forever:
             return
         budget = self._budget_guards()
+        consume = {"consume_restart"} | {b.action for b in spec.budgets}
         graph: dict[str, set[str]] = {s: set() for s in spec.state_names}
         restarts: list[tuple[str, str, str, TransitionSpec]] = []
         for trig, src, dest, t in spec.edges():
-            bounded = "consume_restart" in t.actions and bool(set(t.guards) & budget)
+            bounded = bool(consume & set(t.actions)) and bool(set(t.guards) & budget)
             if bounded:
                 continue
             graph[src].add(dest)
@@ -388,7 +389,10 @@ class _Static:
         if a.kind in ("exit_code_in", "signal_in", "error_type_in"):
             key = {"exit_code_in": "codes", "signal_in": "signals", "error_type_in": "types"}
             ranks_ok = not (x.get("ranks") == "any" and y.get("ranks", "all") == "all")
-            return ranks_ok and set(x[key[a.kind]]) <= set(y[key[a.kind]])
+            # An empty list matches no failure: the rule is off until its parameter is set,
+            # not shadowed (two such rules are independent switches).
+            mine = set(x[key[a.kind]])
+            return ranks_ok and bool(mine) and mine <= set(y[key[a.kind]])
         if a.kind == "failed_ranks_at_least":
             return bool(x["count"] >= y["count"])
         if a.kind == "attempt_shorter_than":

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 import attrs
 
+from ._budgets import ACTION_KINDS as BUDGET_ACTION_KINDS
+from ._budgets import GUARD_KINDS as BUDGET_GUARD_KINDS
 from ._context import MAX_ATTEMPTS_KEPT, Action, ActionDef, Context, Guard, Kind, frozen_mapping
 from ._drain import ACTION_KINDS as DRAIN_ACTION_KINDS
 from ._drain import ACTIONS as DRAIN_ACTIONS
@@ -240,8 +242,10 @@ def _check_new(
 
 
 _BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS,
-                      {**GUARD_KINDS, **HEALTH_GUARD_KINDS, **PROGRESS_GUARD_KINDS},
-                      {**ACTION_KINDS, **HEALTH_ACTION_KINDS, **DRAIN_ACTION_KINDS})
+                      {**GUARD_KINDS, **HEALTH_GUARD_KINDS, **PROGRESS_GUARD_KINDS,
+                       **BUDGET_GUARD_KINDS},
+                      {**ACTION_KINDS, **HEALTH_ACTION_KINDS, **DRAIN_ACTION_KINDS,
+                       **BUDGET_ACTION_KINDS})
 
 
 def _builtin() -> Vocabulary:

@@ -68,7 +68,13 @@ _MODEL_ACTIONS = {
 _KIND_ACTIONS = {
     "announce_preemption": ("announce_preemption",),
     "drain_workers": ("drain_workers",),
+    # a named budget's restart (fsm_agent._budgets) is a claim on the same ledger, with the same
+    # compare_set, ride-along and announcement: the model checks it as the default budget's
+    "consume_budget": ("consume_restart",),
 }
+# Guards the model knows by their kind: a named budget's "a restart is left" is the default
+# budget's guard to the model (the model has one ledger and one maximum, MaxRestarts).
+_KIND_GUARDS = {"budget_left": "has_restarts_left"}
 _CODE_KIND = "set_exit_code"
 # A node that leaves the job (a failed health check): it neither fails the job nor reports.
 _LEAVE_KIND = "leave_job"
@@ -157,6 +163,16 @@ def _model_actions(spec: Spec, names: Sequence[str], where: str) -> list[str]:
     return out
 
 
+def _model_guards(spec: Spec, names: Sequence[str]) -> list[str]:
+    kinds = {d.name: d.kind for d in spec.guard_defs}
+    out: list[str] = []
+    for name in names:
+        known = _KIND_GUARDS.get(kinds.get(name, ""), name)
+        if known not in out:
+            out.append(known)
+    return out
+
+
 def budget_scope(spec: Spec) -> str:
     """``agent`` or ``job``: how the spec counts failure restarts."""
     return spec.budget.scope
@@ -177,9 +193,10 @@ def lifecycle_module(
     rows = []
     for trigger, source, dest, t in spec.edges():
         where = f"transitions[{t.index}]"
+        g, u = _model_guards(spec, t.guards), _model_guards(spec, t.unless)
         rows.append(
             f"    [trig |-> {_tla_str(trigger)}, src |-> {_tla_str(source)}, "
-            f"dst |-> {_tla_str(dest)}, g |-> {_tla_set(t.guards)}, u |-> {_tla_set(t.unless)},"
+            f"dst |-> {_tla_str(dest)}, g |-> {_tla_set(g)}, u |-> {_tla_set(u)},"
             f"\n     act |-> {_tla_seq(_model_actions(spec, t.actions, where))}, "
             f"aft |-> {_tla_seq(_model_actions(spec, t.after, where))}]"
         )
@@ -229,7 +246,8 @@ def protocol_signature(spec_or_name: Spec | str) -> tuple[object, ...]:
     protocol (a reordered source list, say)."""
     spec = load_spec(spec_or_name)
     edges = frozenset(
-        (trigger, source, dest, frozenset(t.guards), frozenset(t.unless),
+        (trigger, source, dest, frozenset(_model_guards(spec, t.guards)),
+         frozenset(_model_guards(spec, t.unless)),
          tuple(_model_actions(spec, t.actions, "")), tuple(_model_actions(spec, t.after, "")))
         for trigger, source, dest, t in spec.edges())
     states = frozenset(

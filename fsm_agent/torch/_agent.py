@@ -24,9 +24,11 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
+from fsm_agent._budgets import DEFAULT_BUDGET, budget_used
 from fsm_agent._drain import PREEMPTED_TRIGGER
 from fsm_agent._job import LINGER_TIMEOUT
 from fsm_agent._params import bind_params
+from fsm_agent._policy import rule_budgets
 from fsm_agent._progress import (
     PROGRESS_DIR_ENV,
     Mark,
@@ -242,31 +244,63 @@ class LifecycleAgentMixin:
             window = self._lifecycle.context.window if self._lifecycle is not None else math.inf
             of = (f"of {allowed}" if math.isinf(window) else
                   f"({step.remaining_restarts} of {allowed} left within {window:g} s)")
+            spent = self._fsm_budget_spent(step.rule)
+            number = step.restart_count
+            if spent is not None:
+                of = spent
+            elif self._lifecycle is not None and self._lifecycle.spec.budgets \
+                    and math.isinf(window):
+                # restart_count counts every budget's restarts: say the default budget's own
+                number = allowed - step.remaining_restarts
             logger.warning("[%s] worker group %s; restart %d %s%s%s", role, step.observed,
-                           step.restart_count, of, rule, wait)
+                           number, of, rule, wait)
         elif step.trigger == "healthy" and self._fsm_reported[step.dest] == "STOPPED":
             failed = self._fsm_failed_peer()
             if failed is not None:
                 # another node's workers failed and it counted the restart for the job: this
                 # node restarts with it, without counting it again
                 logger.warning("[%s] %s's workers failed; restarting the worker group with it "
-                               "(counted once for the job: %d of %d used)", role, failed[0],
-                               failed[1], self._worker_group.spec.max_restarts)
+                               "(counted once for the job: %d of %d used%s)", role, failed[0],
+                               failed[1], failed[2], f" of budget {failed[3]}" if failed[3]
+                               else "")
             else:
                 logger.warning("[%s] nodes waiting to join; restarting the worker group "
                                "(membership change, not counted against max_restarts)", role)
 
-    def _fsm_failed_peer(self) -> tuple[str, int] | None:
-        """The node whose failure of the current round the job counted (if not this one), and
-        the job's failure restarts so far."""
+    def _fsm_budget_spent(self, rule: str | None) -> str | None:
+        """For a restart by a rule with a budget of its own: ``(budget infra: 1 of 2 used)``
+        (None for the default budget, whose line says ``of max_restarts``)."""
+        lifecycle = self._lifecycle
+        if rule is None or lifecycle is None:
+            return None
+        name = rule_budgets(lifecycle.spec).get(rule, DEFAULT_BUDGET)
+        if name == DEFAULT_BUDGET:
+            return None
+        ctx = lifecycle.context
+        most, window = ctx.budget_limits[name]
+        try:
+            used = budget_used(ctx, name)
+        except STORE_ERRORS:
+            return f"(budget {name})"
+        within = "" if math.isinf(window) else f" within {window:g} s"
+        return f"(budget {name}: {used} of {most} used{within}; not counted against max_restarts)"
+
+    def _fsm_failed_peer(self) -> tuple[str, int, int, str] | None:
+        """The node whose failure of the current round the job counted (if not this one), the
+        job's failure restarts so far of the budget it spent, that budget's maximum and its
+        name ("" the default)."""
         job, lifecycle = self._fsm_job, self._lifecycle
         if job is None or job.round_id is None or lifecycle is None:
             return None
+        ctx = lifecycle.context
         try:
             node = job.channel.claimer(job.round_id)
             if node is None or node == job.channel.node:
                 return None
-            return node, job.channel.restart_count(lifecycle.context.window)
+            job.channel.entries()
+            name = job.channel.budget_of(job.round_id) or ""
+            most, window = ctx.budget_limits.get(name, (ctx.max_restarts, ctx.window))
+            return node, job.channel.restart_count(window, cached=True, budget=name), most, name
         except STORE_ERRORS:
             return None
 

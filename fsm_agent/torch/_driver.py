@@ -13,6 +13,7 @@ from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
 from fsm_agent._drain import PREEMPTED_OUTCOME, Preemption
 from fsm_agent._health import CheckResult, HealthCheck
+from fsm_agent._job import ANY
 from fsm_agent._progress import Mark
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._errorfiles import tolerant_error_files
@@ -128,7 +129,7 @@ class TorchDriver:
         if self.job is not None and getattr(context, "budget_scope", None) == "job":
             # a job-wide budget: every node's workers see the job's count (a node that did not
             # fail, or joined late, too)
-            count = max(count, self.job.restart_count(math.inf))
+            count = max(count, self.job.restart_count(math.inf, ANY))
         self.agent._remaining_restarts = self.worker_group.spec.max_restarts - count
         try:
             yield count
@@ -364,19 +365,19 @@ class TorchDriver:
         """Whether this agent shares its job with others (a job-wide budget then counts)."""
         return self.job is not None
 
-    def job_restart_count(self, window: float) -> int:
-        """Failure restarts the job has counted."""
-        return 0 if self.job is None else self.job.restart_count(window)
+    def job_restart_count(self, window: float, budget: str = "") -> int:
+        """Failure restarts the job has counted against ``budget`` ("": the default)."""
+        return 0 if self.job is None else self.job.restart_count(window, budget)
 
-    def job_restarts_left(self, max_restarts: int, window: float) -> int:
-        """Restarts left for a failure of the current round."""
-        return 0 if self.job is None else self.job.restarts_left(max_restarts, window)
+    def job_restarts_left(self, max_restarts: int, window: float, budget: str = "") -> int:
+        """Restarts of ``budget`` left for a failure of the current round."""
+        return 0 if self.job is None else self.job.restarts_left(max_restarts, window, budget)
 
-    def add_job_restart(self, max_restarts: int, window: float) -> int:
-        """Count the current round's failure restart once for the job."""
+    def add_job_restart(self, max_restarts: int, window: float, budget: str = "") -> int:
+        """Count the current round's failure restart once for the job, against ``budget``."""
         if self.job is None:
             raise RuntimeError("add_job_restart without a job")
-        return self.job.claim_restart(max_restarts, window)
+        return self.job.claim_restart(max_restarts, window, budget)
 
     def announce_failure(self, exit_code: int, reason: str) -> None:
         """Tell every other agent of the job that it failed, and release the exit barrier of

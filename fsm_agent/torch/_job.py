@@ -84,7 +84,6 @@ class AgentJob:
         self.round_id: str | None = None
         self.announced_here = False
         self._count_read = -math.inf
-        self._count: dict[float, int] = {}
         #: Called once the job's outcome is in the store (the torch driver releases the exit
         #: barrier of the agents already waiting at it).
         self.on_announced: Callable[[], None] | None = None
@@ -203,23 +202,25 @@ class AgentJob:
     def _round(self) -> str:
         return self.round_id if self.round_id is not None else "0"
 
-    def restart_count(self, window: float) -> int:
-        """Failure restarts the job has counted (read at most once per poll interval: every
-        monitor tick asks, for the ``remaining_restarts`` metric)."""
+    def restart_count(self, window: float, budget: str | None = "") -> int:
+        """Failure restarts the job has counted against ``budget`` ("": the default; ``ANY``:
+        every budget). The ledger is read at most once per poll interval: every monitor tick
+        asks, for the ``remaining_restarts`` metric."""
         now = time.monotonic()
-        if now - self._count_read >= self.poll_interval or window not in self._count:
-            self._count = {window: self.channel.restart_count(window)}
+        if now - self._count_read >= self.poll_interval:
+            self.channel.entries()
             self._count_read = now
-        return self._count[window]
+        return self.channel.restart_count(window, cached=True, budget=budget)
 
-    def restarts_left(self, max_restarts: int, window: float) -> int:
-        """Restarts left for a failure of the current round."""
-        return self.channel.restarts_left(self._round(), max_restarts, window)
+    def restarts_left(self, max_restarts: int, window: float, budget: str = "") -> int:
+        """Restarts of ``budget`` left for a failure of the current round."""
+        return self.channel.restarts_left(self._round(), max_restarts, window, budget=budget)
 
-    def claim_restart(self, max_restarts: int, window: float) -> int:
+    def claim_restart(self, max_restarts: int, window: float, budget: str = "") -> int:
         """Count the current round's failure restart (raises ``JobOver`` when spent)."""
         try:
-            count = self.channel.claim_restart(self._round(), max_restarts, window)
+            count = self.channel.claim_restart(self._round(), max_restarts, window,
+                                               budget=budget)
         except JobOver as e:  # the budget is spent: the claim announced it
             self.announced_here = e.outcome.node == self.channel.node
             self._announced()

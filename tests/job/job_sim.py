@@ -234,14 +234,14 @@ class SimDriver:
 
     # -- JobDriver ---------------------------------------------------------------------------
 
-    def job_restart_count(self, window: float) -> int:
-        return self.agent.guard(lambda: self.job.restart_count(window)) or 0
+    def job_restart_count(self, window: float, budget: str = "") -> int:
+        return self.agent.guard(lambda: self.job.restart_count(window, budget=budget)) or 0
 
-    def job_restarts_left(self, max_restarts: int, window: float) -> int:
-        return self.job.restarts_left(str(self.round), max_restarts, window)
+    def job_restarts_left(self, max_restarts: int, window: float, budget: str = "") -> int:
+        return self.job.restarts_left(str(self.round), max_restarts, window, budget=budget)
 
-    def add_job_restart(self, max_restarts: int, window: float) -> int:
-        return self.job.claim_restart(str(self.round), max_restarts, window)
+    def add_job_restart(self, max_restarts: int, window: float, budget: str = "") -> int:
+        return self.job.claim_restart(str(self.round), max_restarts, window, budget=budget)
 
     def announce_failure(self, exit_code: int, reason: str) -> None:
         self.agent.announce(exit_code, reason)
