@@ -82,8 +82,8 @@ def test_rules_reordered_renamed_and_their_condition_changed() -> None:
         base=WITH_CRASH_LOOP)
     assert changes(base, swapped) == [
         ("changed", "policy", "failure_policy",
-         ("rules reordered: no_retry, crash_loop, no_progress, retry -> crash_loop, no_retry, "
-          "no_progress, retry (the first rule that matches decides)",)),
+         ("rules reordered: no_retry, crash_loop, no_progress, infra, retry -> crash_loop, "
+          "no_retry, no_progress, infra, retry (the first rule that matches decides)",)),
     ]
     renamed = derived(("    - name: crash_loop\n", "    - name: looping\n"),
                       base=WITH_CRASH_LOOP)
@@ -198,7 +198,9 @@ def test_torchrun_against_resilient_compares_the_table_edge_by_edge() -> None:
         "announce_failure, stop_workers)",
         "rule 2: when stalled then give_up_no_requeue (to FAILED / no_requeue, "
         "announce_failure, stop_workers)",
-        "rule 3: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
+        "rule 3: when infra_exit then restart_after_backoff (to BACKOFF / consume_infra_restart, "
+        "stop_workers), spending budget infra",
+        "rule 4: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
         "stop_workers)")
     (backoff,) = [c for c in d.changes if (c.element, c.name) == ("state", "BACKOFF")]
     assert backoff.kind == "added" and backoff.details[0] == "reports STOPPED"

@@ -72,7 +72,8 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
                                 "health_command_timeout": "60s", "unhealthy_exit_code": "75",
                                 "drain_on": "[SIGTERM]", "drain_signal": "SIGTERM",
                                 "drain_timeout": "25s", "preempted_exit_code": "0",
-                                "checkpoint_path": "", "no_progress_restarts": "3"}
+                                "checkpoint_path": "", "no_progress_restarts": "3",
+                                "infra_exit_codes": "[]", "infra_restarts": "3"}
     recs = steps(path)
     failed = [r for r in recs if r["trigger"] == "failed"]
     assert [(r["dest"], r["rule"]) for r in failed] == [("BACKOFF", "retry")] * 3 + [
@@ -173,7 +174,8 @@ def test_wrong_rule_is_rejected(tmp_path: Path) -> None:
     rule_line = load_spec("resilient").outgoing("HEALTHY", "failed")[-1].line
     assert res.divergence.message.endswith(
         "the trace says rule 'no_retry' decided, but with no_retry_exit=False, stalled=False, "
-        f"has_restarts_left=True the spec's rule 'retry' (line {rule_line}) decides")
+        f"infra_exit=False, has_restarts_left=True the spec's rule 'retry' (line {rule_line}) "
+        "decides")
     # A rule named on a plain transition, and none named on a rule's.
     bad = mutate(path, lambda rs: step_where(rs, trigger="start").update(rule="retry"))
     assert "the spec takes a plain transition" in str(replayed(bad).divergence)

@@ -10,6 +10,8 @@ Environment:
   EXIT_RANKS  comma-separated global ranks that exit with EXIT_CODES; the others sleep 60 s
               (default: every rank)
   SLEEP       seconds before exiting (default 0)
+  SLEEPS      comma-separated seconds before exiting, one per attempt, the last one repeating
+              (in place of SLEEP)
   SPAWN_CHILD "1": start a sleeping child process first (it must not outlive the stop)
 """
 
@@ -42,7 +44,8 @@ def main() -> int:
     if ranks and str(RANK) not in ranks.split(","):
         time.sleep(60)
         return 0
-    time.sleep(float(env.get("SLEEP", "0")))
+    sleeps = [float(s) for s in env.get("SLEEPS", env.get("SLEEP", "0")).split(",")]
+    time.sleep(sleeps[min(ATTEMPT, len(sleeps) - 1)])
     codes = [int(c) for c in env.get("EXIT_CODES", "1").split(",")]
     code = codes[min(ATTEMPT, len(codes) - 1)]
     write("exit", code=code)
