@@ -1,6 +1,7 @@
 """Property-based model tests: random monitor results, nodes waiting, barrier outcomes and (for
-``resilient``) exit codes, signals, elapsed time and jitter draws, for the three presets, checked
-step by step against invariants and the reference model.
+``resilient``) exit codes, signals, elapsed time, jitter draws, preemptions with every end of the
+drain, and progress steps, for the three presets, checked step by step against invariants and
+the reference model.
 
 The reference is the conformance kit's (``fsm_agent.testing.ReferenceRun``), written from the
 behaviour tables (MISSION.md's for the torch presets, issue 10's for ``resilient``), not from the
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import signal
 
 import attrs
 import pytest
@@ -28,7 +30,8 @@ from hypothesis.stateful import (
 )
 from torch.distributed.elastic.agent.server.api import WorkerState
 
-from fsm_agent import Lifecycle, LifecycleError, VirtualClock
+from fsm_agent import Lifecycle, LifecycleError, Preemption, VirtualClock
+from fsm_agent._progress import Mark
 from fsm_agent.testing import RecordingDriver, ReferenceRun, ScriptedRandom
 from fsm_agent.testing._conformance import compare_traces, same_calls
 from fsm_agent.testing._reference import RESILIENT_DEFAULTS, Pending, Raised, Returned, Trace
@@ -71,7 +74,7 @@ class LifecycleModel(RuleBasedStateMachine):
     def start(self, data: st.DataObject) -> None:
         config = data.draw(configs(self.preset), label="config")
         self.config = attrs.evolve(config, exit_barrier_timeout=TIMEOUT)
-        self.driver = RecordingDriver()
+        self.driver = RecordingDriver(mark=Mark())
         self.clock = VirtualClock()
         self.rng = ScriptedRandom()
         self.lc = Lifecycle(self.preset, self.driver, role=config.role,
@@ -84,6 +87,8 @@ class LifecycleModel(RuleBasedStateMachine):
         self.ticks = 0
         self.barrier_runs = 0
         self.waits: list[float] = []
+        self.best_step: int | None = None
+        self.preempted: str | None = None  # the signal of the preemption, once delivered
 
     def _sleep(self, seconds: float) -> None:
         # The test's own loop waits as Lifecycle.run would; the waits go in the call list.
@@ -94,7 +99,8 @@ class LifecycleModel(RuleBasedStateMachine):
         assert self.lc is not None
         outcome: Returned | Raised | Pending = Pending()
         if error is not None:
-            outcome = Raised(type(error).__name__, str(error))
+            outcome = Raised(type(error).__name__, str(error),
+                             exit_code=getattr(error, "exit_code", None))
         elif self.lc.done:
             result = self.lc.result
             assert result is not None
@@ -108,7 +114,9 @@ class LifecycleModel(RuleBasedStateMachine):
     @rule(data=st.data())
     def tick(self, data: st.DataObject) -> None:
         assert self.lc is not None
-        tick = data.draw(ticks(faults=False, timed=True), label="tick")
+        resilient = self.preset == "resilient"
+        tick = data.draw(ticks(faults=False, timed=True, drains=resilient, progress=resilient),
+                         label="tick")
         before = len(self.driver.calls)
         remaining_before = self.lc.remaining_restarts
         self.ticks += 1
@@ -118,9 +126,15 @@ class LifecycleModel(RuleBasedStateMachine):
         self._sleep(self.config.monitor_interval)
         self.driver.calls.append(("monitor",))
         self.clock.advance(tick.elapsed)
+        if tick.step is not None:
+            self.best_step = (tick.step if self.best_step is None
+                              else max(self.best_step, tick.step))
+        self.driver.mark = Mark(self.best_step)
         error: BaseException | None = None
         try:
             self.lc.observe(tick_result(self.ticks, tick))
+            if tick.preempt is not None and not self.lc.done:
+                self._preempt(tick)
             # A waiting state (resilient's BACKOFF): wait for its timer, as Lifecycle.run does.
             while not self.lc.done and self.lc.deadline is not None:
                 wait = self.lc.deadline - self.clock.now()
@@ -151,14 +165,41 @@ class LifecycleModel(RuleBasedStateMachine):
         if tick.observed == "HEALTHY" and self.ref.params.get("restart_window",
                                                               math.inf) == math.inf:
             assert self.lc.remaining_restarts == remaining_before
-        # Workers are stopped before FAILED is reached.
+        # Workers are stopped (or, at a drain's deadline, killed) before FAILED is reached.
         if self.lc.state is WorkerState.FAILED:
             names = [c[0] for c in new if c[0] != "put_metric"]
-            assert "stop_workers" in names
-            assert names.index("stop_workers") < len(names) - (1 if "exit_barrier" in names else 0)
+            stops = [i for i, n in enumerate(names) if n in ("stop_workers", "kill_workers")]
+            assert stops
+            assert stops[0] < len(names) - (1 if "exit_barrier" in names else 0)
         if tick.observed in ("UNKNOWN", "INIT", "STOPPED"):
             assert error is not None
             assert self.lc.state.name == tick.observed
+
+    def _preempt(self, tick: Tick) -> None:
+        """The first wait after the tick (the backoff's, or the next monitor wait) is woken by
+        the preemption; then the drain's wait, woken once the workers exited, or to its end."""
+        assert self.lc is not None and tick.preempt is not None
+        deadline = self.lc.deadline
+        self.driver.calls.append(("sleep", self.config.monitor_interval if deadline is None
+                                  else deadline - self.clock.now()))
+        self.driver.calls.append(("woken", "preempted"))
+        self.preempted = tick.preempt
+        self.driver.preempted = Preemption(int(signal.Signals[tick.preempt]),
+                                           f"received {tick.preempt}")
+        self.lc.fire("preempted")
+        assert self.lc.state_name == "DRAINING" and self.lc.deadline is not None
+        wait = self.lc.deadline - self.clock.now()
+        self.driver.calls.append(("sleep", wait))
+        hooks = [c[0] for c in self.driver.calls
+                 if c[0] in ("start_workers", "stop_workers", "kill_workers")]
+        running = bool(hooks) and hooks[-1] == "start_workers"
+        if not running or tick.drain != "ignore":
+            self.driver.calls.append(("woken", "drained"))
+            self.lc.fire("drained")
+        else:
+            self.clock.advance(wait)
+            self.lc.poll_timer()
+        raise AssertionError("the drain did not end the run")  # pragma: no cover
 
     @precondition(lambda self: self.ref.outcome is not None)
     @rule(observed=st.sampled_from(STATES))
@@ -216,17 +257,36 @@ class LifecycleModel(RuleBasedStateMachine):
             assert self.barrier_runs == 0
 
     @invariant()
-    def no_requeue_code_only_on_a_no_retry_give_up(self) -> None:
+    def exit_codes_only_on_a_no_retry_or_no_progress_give_up_or_a_drain(self) -> None:
         if self.lc is None or self.lc.exit_code is None:
             return
         assert self.preset == "resilient"
         assert self.lc.state is WorkerState.FAILED
-        assert self.lc.exit_code == self.ref.params["no_requeue_exit_code"]
+        p = self.ref.params
+        if self.preempted is not None:  # a drain: the preemption's code, never a success
+            assert self.lc.state_name == "PREEMPTED"
+            assert self.lc.exit_code == (p["preempted_exit_code"]
+                                         or 128 + int(signal.Signals[self.preempted]))
+            return
+        assert self.lc.exit_code == p["no_requeue_exit_code"]
         result = self.lc.result
-        assert result is not None and result.failures
+        assert result is not None
+        if 0 < p["no_progress_restarts"] <= self.ref.stalled_restarts:
+            return  # gave up after no_progress_restarts restarts in a row without progress
+        assert result.failures
         listed = {f.exitcode for f in result.failures.values()}
         codes = (listed - {-15}) or listed  # ranks torch stopped are not failed ranks
-        assert codes <= set(self.ref.params["no_retry_exit_codes"])
+        assert codes <= set(p["no_retry_exit_codes"])
+
+    @invariant()
+    def a_drain_ends_preempted_and_never_at_the_barrier(self) -> None:
+        if self.lc is None or self.preempted is None:
+            return
+        assert self.lc.done and self.lc.state_name == "PREEMPTED", self.lc.state_name
+        names = [c[0] for c in self.driver.calls]
+        drained = names.index("drain_workers")
+        assert "exit_barrier" not in names
+        assert {"stop_workers", "kill_workers"} & set(names[drained:])
 
 
 MODEL_SETTINGS = settings(

@@ -40,6 +40,7 @@ import math
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import threading
@@ -62,6 +63,8 @@ from hypothesis.stateful import (
 )
 
 from .._clock import VirtualClock
+from .._drain import Preemption
+from .._progress import Mark
 from ._agent_shape import (
     SCRIPTED_HOOKS,
     HarnessError,
@@ -226,6 +229,11 @@ class _Recorder:
         self.raised: list[BaseException] = []
         self.clock = _ScriptClock(self)
         self.rng = ScriptedRandom(0.5)
+        self.running = False  # whether the workers run (started, not stopped or killed since)
+        self.best_step: int | None = None  # the best step the script's workers reported
+        self.preempted: Preemption | None = None  # the preemption delivered, once it is
+        self._preempted_at = 0  # the tick whose preemption was delivered
+        self.draining = False  # whether the supervisor began to drain (drain_workers)
 
     def _record(self, event: Event) -> None:
         self.events.append(event)
@@ -248,11 +256,23 @@ class _Recorder:
 
     def start_workers(self) -> None:
         self._hook("start_workers")
+        self.running = True
 
     def stop_workers(self) -> None:
         self._hook("stop_workers")
+        self.running = False
+
+    def _drain_tick(self) -> Tick:
+        return self.script[self._preempted_at - 1]
 
     def monitor(self) -> Any:
+        if self.draining:
+            # A supervisor looking at the workers during a drain sees how they end it.
+            self._record(("monitor",))
+            tick = self._drain_tick()
+            observed = {"exit0": "SUCCEEDED", "fail": "FAILED", "ignore": "HEALTHY"}[tick.drain]
+            return tick_result(self._preempted_at, attrs.evolve(tick, observed=observed),
+                               self.types)
         self.tick += 1
         if self.tick > len(self.script):
             self.rng.value = 0.5
@@ -262,6 +282,9 @@ class _Recorder:
         self.rng.value = tick.draw
         self._hook("monitor")
         self.clock.pass_time(tick.elapsed)
+        if tick.step is not None:
+            self.best_step = tick.step if self.best_step is None else max(self.best_step,
+                                                                          tick.step)
         return tick_result(self.tick, tick, self.types)
 
     def num_nodes_waiting(self) -> int:
@@ -280,6 +303,51 @@ class _Recorder:
     def sleep(self, seconds: float) -> None:
         self._record(("sleep", seconds))
         self.clock.pass_time(seconds)
+
+    def wait(self, seconds: float) -> str | None:
+        """The supervisor's wait (``Lifecycle.run``'s ``sleep``): a sleep, except that it returns
+        ``preempted`` at once when the script's preemption is due (the first wait after the
+        monitor call of a tick with ``preempt``), and, once the supervisor drains, ``drained``
+        at once when the workers exited (``Tick.drain``; stopped workers are drained already)."""
+        self._record(("sleep", seconds))
+        if self.draining:
+            if not self.running or self._drain_tick().drain != "ignore":
+                self._record(("woken", "drained"))
+                return "drained"
+        elif (self.preempted is None and 1 <= self.tick <= len(self.script)
+              and self.script[self.tick - 1].preempt is not None):
+            name = self.script[self.tick - 1].preempt
+            assert name is not None
+            self.preempted = Preemption(int(signal.Signals[name]), f"received {name}")
+            self._preempted_at = self.tick
+            self._record(("woken", "preempted"))
+            return "preempted"
+        self.clock.pass_time(seconds)
+        return None
+
+    # -- a drain, and progress (fsm_agent._drain, fsm_agent._progress) --------------------------
+
+    def preemption(self) -> Preemption | None:
+        """The preemption delivered (None before)."""
+        return self.preempted
+
+    def announce_preemption(self, exit_code: int, reason: str) -> int:
+        """A single agent: its own code wins."""
+        self._record(("announce_preemption", exit_code, reason))
+        return exit_code
+
+    def drain_workers(self, signum: int) -> None:
+        self._record(("drain_workers", signum))
+        if self.preempted is not None:
+            self.draining = True
+
+    def kill_workers(self) -> None:
+        self._record(("kill_workers",))
+        self.running = False
+
+    def progress_mark(self) -> Mark:
+        """Where training stands: the best step reported so far (no checkpoint source)."""
+        return Mark(self.best_step)
 
     def last_observed(self) -> str | None:
         """What the latest monitor call observed (None before the first, or past the script)."""
@@ -521,10 +589,24 @@ class _ScriptedHooks:
     def _shutdown(self, *args: Any, **kwargs: Any) -> None:
         self._fsm_recorder._record(("shutdown",))
 
-    def _monitor_wait(self, interval: float) -> None:
+    def _monitor_wait(self, interval: float) -> str | None:
         # LifecycleAgentMixin waits on its worker processes between ticks (woken early when one
-        # exits); with scripted hooks there are none, so the wait is the plain sleep it stands for.
-        self._fsm_recorder.sleep(interval)
+        # exits, or by a signal); with scripted hooks there are none, so the wait is the
+        # script's (a sleep, or the preemption and the drain's end).
+        return self._fsm_recorder.wait(interval)
+
+    # fsm_agent.torch's driver asks its agent for these (DrainMixin's and the mixin's own).
+    def _fsm_drain_workers(self, signum: int) -> None:
+        self._fsm_recorder.drain_workers(signum)
+
+    def _fsm_kill_workers(self) -> None:
+        self._fsm_recorder.kill_workers()
+
+    def _fsm_current_preemption(self) -> Preemption | None:
+        return self._fsm_recorder.preemption()
+
+    def _fsm_progress_mark(self) -> Mark:
+        return self._fsm_recorder.progress_mark()
 
 
 def _entrypoint() -> None:  # the WorkerSpec needs one; nothing runs it
@@ -614,6 +696,10 @@ def _agent_target(cls: type) -> _Target:
                 raise HarnessError(f"cannot build {name}({passed}): "
                                    f"{type(e).__name__}: {e}") from None
             agent._fsm_recorder = rec
+            driver = getattr(agent, "_fsm_driver", None)
+            if driver is not None and hasattr(driver, "announce_preemption"):
+                # a single agent's announcement goes to the job's store: record it instead
+                driver.announce_preemption = rec.announce_preemption
             try:
                 value: Any = agent._invoke_run(config.role)
             except (Exception, EndOfScript, RunawaySupervisor) as e:
@@ -668,7 +754,7 @@ def _factory_target(factory: Callable[..., Any], name: str, timed: bool = False)
             raise HarnessError(f"{name} returned {type(supervisor).__name__}, which has no "
                                "run(monitor_interval, sleep=...)")
         try:
-            value: Any = run_loop(config.monitor_interval, sleep=rec.sleep)
+            value: Any = run_loop(config.monitor_interval, sleep=rec.wait)
         except (Exception, EndOfScript, RunawaySupervisor) as e:
             value = e
         problem = _harness_problem(value, name)
@@ -745,8 +831,11 @@ def _classify(value: Any, rec: _Recorder) -> Returned | Raised | Pending:
         cause = exc.__cause__
         if type(exc).__name__ == "ActionError" and cause is not None:
             wrapped, exc = "ActionError", cause
+        code = getattr(exc, "exit_code", None)
         return Raised(type(exc).__name__, str(exc), wrapped,
-                      scripted=any(exc is r for r in rec.raised))
+                      scripted=any(exc is r for r in rec.raised),
+                      exit_code=code if isinstance(code, int) and not isinstance(code, bool)
+                      else None)
     state = getattr(value, "state", None)
     if state is not None and hasattr(value, "return_values"):
         return Returned(getattr(state, "name", str(state)), value.return_values,
@@ -802,6 +891,13 @@ class _Profile:
     configs: st.SearchStrategy[RunConfig]
     timed: bool
     window: Callable[[RunConfig], float]  # the restart window a run's budget counts in
+    drains: bool = False  # ticks may carry a preemption (the spec drains)
+    progress: bool = False  # ticks may carry a progress step (the spec counts progress)
+
+    def ticks(self, faults: bool = True) -> st.SearchStrategy[Tick]:
+        """The ticks of this spec's scripts."""
+        return ticks(faults=faults, timed=self.timed, drains=self.drains,
+                     progress=self.progress)
 
 
 #: Monitor intervals of timed runs: exact binary fractions, as the ticks' elapsed times are.
@@ -849,7 +945,7 @@ def _make_profile(spec: Any, fixed: tuple[tuple[str, Any], ...]) -> _Profile:
     if isinstance(spec, str) and spec in PRESETS:
         values: dict[str, Any] = dict(RESILIENT_PARAM_VALUES) if spec == "resilient" else {}
         defaults: dict[str, Any] = dict(RESILIENT_DEFAULTS) if spec == "resilient" else {}
-        timed = spec == "resilient"
+        timed = drains = progress = spec == "resilient"
     else:
         from fsm_agent import load_spec
 
@@ -857,6 +953,10 @@ def _make_profile(spec: Any, fixed: tuple[tuple[str, Any], ...]) -> _Profile:
         values = param_values_for(loaded)
         defaults = {p.name: p.default for p in loaded.params}
         timed = bool(loaded.params) or any(s.timeout is not None for s in loaded.states)
+        # a preemption only for a spec with the drain's own triggers (the engine refuses a
+        # trigger the spec does not declare); progress for one whose guards count it
+        drains = {"preempted", "drained"} <= set(loaded.triggers)
+        progress = any(g.kind == "no_progress_restarts_at_least" for g in loaded.guard_defs)
     unknown = sorted(set(dict(fixed)) - set(defaults))
     if unknown:
         if spec == "resilient":
@@ -867,14 +967,14 @@ def _make_profile(spec: Any, fixed: tuple[tuple[str, Any], ...]) -> _Profile:
         raise ValueError(f"spec {_spec_label(spec)!r} has no parameter {unknown[0]!r} (its "
                          f"parameters: {', '.join(sorted(defaults)) or 'none'})")
     if not timed:
-        return _Profile(run_configs(), False, _never)
+        return _Profile(run_configs(), False, _never, drains, progress)
     for name, _ in fixed:
         values.pop(name, None)
     drawn = params(values, defaults) if values else None
     configs = run_configs(monitor_intervals=_TIMED_INTERVALS, param_sets=drawn)
     if fixed:
         configs = configs.map(lambda c: attrs.evolve(c, params=(*c.params, *fixed)))
-    return _Profile(configs, True, _window(spec))
+    return _Profile(configs, True, _window(spec), drains, progress)
 
 
 # -- comparing -------------------------------------------------------------------------------
@@ -890,7 +990,8 @@ def _outcome_mismatch(expected: Any, actual: Any) -> str | None:
                   and actual.failures == expected.failures)
         return None if ok else "outcome"
     if isinstance(expected, Raised) and isinstance(actual, Raised):
-        same = (expected.type_name, expected.message) == (actual.type_name, actual.message)
+        same = ((expected.type_name, expected.message, expected.exit_code)
+                == (actual.type_name, actual.message, actual.exit_code))
         return None if same else "outcome"
     return None if type(expected) is type(actual) else "outcome"
 
@@ -987,8 +1088,14 @@ def _short(event: Event, role: str) -> str:
         return f"sleep({event[1]:g})"
     if name == "exit_barrier":
         return "exit_barrier(?)" if event[1] is None else f"exit_barrier({event[1]:g})"
+    if name == "woken":
+        return f"-> {event[1]}"
+    if name == "announce_preemption":
+        return f"announce({event[1]})"
+    if name == "drain_workers":
+        return f"drain({_signal_name(event[1])})"
     short = {"num_nodes_waiting": "nodes_waiting?", "start_workers": "start",
-             "stop_workers": "stop"}
+             "stop_workers": "stop", "kill_workers": "kill"}
     return short.get(str(name), str(name))
 
 
@@ -1063,7 +1170,16 @@ _EXTRA_COLUMNS: tuple[tuple[str, Callable[[Tick], str], str], ...] = (
     ("failure", lambda t: t.failure_detail() or "-", "-"),
     ("time", lambda t: _seconds(t.elapsed) if t.elapsed else "-", "-"),
     ("draw", lambda t: f"{t.draw:g}", "0.5"),
+    ("step", lambda t: "-" if t.step is None else str(t.step), "-"),
+    ("preempted after", lambda t: t.preemption_detail() or "-", "-"),
 )
+
+
+def _signal_name(number: Any) -> str:
+    try:
+        return signal.Signals(number).name
+    except (ValueError, TypeError):
+        return str(number)
 
 
 # -- checking one script --------------------------------------------------------------------
@@ -1109,6 +1225,7 @@ def draw_case(
     max_ticks: int = 16,
     faults: bool = True,
     timed: bool = False,
+    tick_strategy: st.SearchStrategy[Tick] | None = None,
 ) -> tuple[RunConfig, tuple[Tick, ...], Trace]:
     """Draw a config, then ticks one at a time until the reference run is over (or the draw
     says the script ends there, with the run still going).
@@ -1116,10 +1233,12 @@ def draw_case(
     Drawing lazily keeps every tick of a script meaningful: a list drawn up front would mostly
     hold ticks after the run ended, which cost generation and shrinking time and test nothing.
     Returns the config, the script and the reference trace for it. ``timed``: ticks carry
-    elapsed time and random draws (for a spec with timers or parameters).
+    elapsed time and random draws (for a spec with timers or parameters); ``tick_strategy``
+    replaces :func:`ticks` (a spec's profile adds preemptions and progress steps).
     """
     config = data.draw(configs if configs is not None else run_configs(), label="config")
-    tick_strategy = ticks(faults=faults, timed=timed)
+    if tick_strategy is None:
+        tick_strategy = ticks(faults=faults, timed=timed)
     script: list[Tick] = []
     expected = oracle(config, script)
     while isinstance(expected.outcome, Pending) and len(script) < max_ticks:
@@ -1182,7 +1301,7 @@ class SupervisorConformance(RuleBasedStateMachine):
         self._expected = _oracle(spec)
         profile = _profile(spec, cls._fixed_params)
         self._configs = profile.configs.map(self._target.project)
-        self._ticks = ticks(timed=profile.timed)
+        self._ticks = profile.ticks()
         self._window = profile.window
         self.config: RunConfig = _DEFAULTS
         self.script: list[Tick] = []
@@ -1328,7 +1447,8 @@ def run_conformance(
         @given(st.data())
         def conformance(data: Any) -> None:
             config, script, expected = draw_case(data, oracle, configs=configs,
-                                                 timed=profile.timed)
+                                                 timed=profile.timed,
+                                                 tick_strategy=profile.ticks())
             try:
                 check_script(tgt, config, script, expected=expected, spec_label=label,
                              windowed=profile.window(config) < math.inf)
@@ -1345,7 +1465,8 @@ def run_conformance(
         except ConformanceFailure:
             if not failing:
                 raise
-            config, script = simplify(tgt, oracle, *failing[0], window=profile.window)
+            config, script = simplify(tgt, oracle, *failing[0], window=profile.window,
+                                      keep=[name for name, _ in fixed])
             try:
                 check_script(tgt, config, script, expected=oracle(config, script),
                              spec_label=label, windowed=profile.window(config) < math.inf)
@@ -1361,15 +1482,18 @@ def run_conformance(
 _PLAIN_TICK = Tick()
 #: Tick fields simplify puts back to their plain value, in this order (the error types before
 #: the exit codes they belong to).
-_PLAIN_FIELDS = ("fault", "barrier", "nodes_waiting", "errors", "exitcodes", "elapsed", "draw")
+_PLAIN_FIELDS = ("fault", "barrier", "nodes_waiting", "errors", "exitcodes", "elapsed", "draw",
+                 "preempt", "drain", "step")
 
 
 def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
              config: RunConfig, script: Sequence[Tick], *,
-             window: Callable[[RunConfig], float] = _never) -> tuple[RunConfig, tuple[Tick, ...]]:
+             window: Callable[[RunConfig], float] = _never,
+             keep: Sequence[str] = ()) -> tuple[RunConfig, tuple[Tick, ...]]:
     """Make a failing script plainer while it still fails: each tick's fault, barrier outcome,
-    nodes waiting, failure details, elapsed time and random draw back to the default, one at a
-    time (a few runs).
+    nodes waiting, failure details, elapsed time, random draw, preemption and step back to the
+    default, one at a time, then each drawn parameter (not those in ``keep``, fixed by the
+    caller) back to its default (a few runs).
 
     hypothesis draws a tick as one index into every combination, which it shrinks well towards
     fewer faults but can leave, say, a barrier error beside the FAILED the bug is about: the
@@ -1394,6 +1518,12 @@ def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
             candidate = (*ticks_[:i], attrs.evolve(ticks_[i], **{field: plain}), *ticks_[i + 1:])
             if fails(config, candidate):
                 ticks_ = candidate
+    for name, _ in config.params:
+        if name in keep:
+            continue
+        plainer = attrs.evolve(config, params=tuple(p for p in config.params if p[0] != name))
+        if fails(plainer, ticks_):
+            config = plainer
     return config, ticks_
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from .._drain import Preemption
 from .._engine import _torch_types
+from .._progress import Mark
 
 __all__ = ["Call", "RecordingDriver", "ScriptExhausted", "ScriptedRandom", "make_result"]
 
@@ -93,7 +94,9 @@ class RecordingDriver:
     ``preemption``: what ``preemption()`` answers (a ``fsm_agent.Preemption``: the drain actions
     of ``fsm_agent._drain`` read it); ``drain_workers``, ``kill_workers`` and
     ``announce_preemption`` are recorded (the last answers with the code it was given, or
-    ``announced`` when set: another agent's code that won).
+    ``announced`` when set: another agent's code that won). ``mark``: what ``progress_mark()``
+    answers (a ``fsm_agent._progress.Mark``, where training stands; None: no source), which the
+    test may change between ticks.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class RecordingDriver:
         on_call: Callable[[Call], None] | None = None,
         preemption: Preemption | None = None,
         announced: int | None = None,
+        mark: Mark | None = None,
     ) -> None:
         self._results = [
             r if hasattr(r, "state") else make_result(r, tick=i) for i, r in enumerate(results)
@@ -118,6 +122,7 @@ class RecordingDriver:
         self.metrics: list[tuple[str, int]] = []
         self.preempted = preemption
         self._announced = announced
+        self.mark = mark
 
     def _record(self, *call: Any) -> None:
         self.calls.append(call)
@@ -197,3 +202,7 @@ class RecordingDriver:
     def announce_preemption(self, exit_code: int, reason: str) -> int:
         self._record("announce_preemption", exit_code, reason)
         return exit_code if self._announced is None else self._announced
+
+    def progress_mark(self) -> Mark | None:
+        """``mark`` (not recorded: the lifecycle asks at every start and failure)."""
+        return self.mark

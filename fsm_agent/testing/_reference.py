@@ -45,11 +45,29 @@ STOPPED                            group in <STATE> state")
 
 ``uniform(a, b)`` is Python's, ``a + (b - a) * random()``: the kit scripts what ``random()``
 returns (``Tick.draw``), so the reference knows each backoff exactly.
+
+And issue 20's preemption and progress (docs/spec-format.md, "Preemption" and "Progress"):
+
+* a preemption (``Tick.preempt``: a ``drain_on`` signal) that reaches the supervisor in a wait
+  (the monitor wait, or a backoff) ends the wait at once and drains: the exit code is settled
+  (``preempted_exit_code``, or 128 + the signal for 0) and announced, every worker gets
+  ``drain_signal``, the group reports STOPPED; once every worker has exited (whatever its exit
+  code: at once when they were stopped already, in a backoff) stop; otherwise, after
+  ``drain_timeout``, kill what is left; then the run raises ``Preempted`` with that code (the
+  group reports FAILED). A drain never succeeds and never enters the exit barrier;
+* the driver's progress mark is the best step reported so far (``Tick.step``), taken when the
+  workers start and when they fail; an attempt that failed with its mark past its start's made
+  progress, one where both marks say nothing counts as progress, and a failed restart (not the
+  first attempt) whose mark did not move is a restart without progress. After
+  ``no_progress_restarts`` (0: never) such restarts in a row, a failure that is not a no-retry
+  one gives up as a no-retry failure does (``no_requeue_exit_code``, no barrier), whatever the
+  budget.
 """
 
 from __future__ import annotations
 
 import math
+import signal
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -82,6 +100,10 @@ RESILIENT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "backoff_jitter": 0.1,
     "backoff_reset": 600.0,
     "restart_window": math.inf,
+    "drain_signal": "SIGTERM",
+    "drain_timeout": 25.0,
+    "preempted_exit_code": 0,
+    "no_progress_restarts": 3,
 })
 
 #: One recorded call: ``("rendezvous",)``, ``("sleep", 0.1)``, ``("exit_barrier", 300.0)``,
@@ -120,11 +142,14 @@ class Raised:
     message: str
     wrapped: str | None = None
     scripted: bool = False
+    #: The exception's own ``exit_code`` (``fsm_agent.Preempted``'s), None when it has none.
+    exit_code: int | None = None
 
     def describe(self) -> str:
         """For the table."""
         via = f" (in {self.wrapped})" if self.wrapped else ""
-        return f"raise {self.type_name}({self.message!r}){via}"
+        code = f" with exit_code {self.exit_code}" if self.exit_code is not None else ""
+        return f"raise {self.type_name}({self.message!r}){code}{via}"
 
 
 @attrs.frozen
@@ -201,6 +226,12 @@ class ReferenceRun:
         self._restarts: list[float] = []  # when each failure restart was counted
         self._started_at: float | None = None  # when the workers were last started
         self._backoffs = 0  # backoffs since the last reset
+        self._running = False  # whether the workers run (a drain of stopped ones ends at once)
+        self.best_step: int | None = None  # the progress mark: the best step reported so far
+        self._attempts = 0  # starts of the workers
+        self._start_step: int | None = None  # the mark when the workers last started
+        #: Failed restarts in a row without progress.
+        self.stalled_restarts = 0
 
     # -- feeding it --------------------------------------------------------------------------
 
@@ -236,6 +267,8 @@ class ReferenceRun:
 
     def _call(self, hook: str, *args: Any) -> None:
         self.events.append((hook, *args))
+        if hook in ("stop_workers", "kill_workers"):
+            self._running = False
         if self._faults.get(self.tick_no) == hook and self.tick_no not in self._fired:
             self._fired.add(self.tick_no)
             raise _Fault(fault_error(hook, self.tick_no))
@@ -248,6 +281,9 @@ class ReferenceRun:
         self._call("rendezvous")
         self._call("start_workers")
         self._started_at = self.now
+        self._running = True
+        self._attempts += 1
+        self._start_step = self.best_step
         self.state = "HEALTHY"
 
     def _start(self) -> None:
@@ -276,6 +312,11 @@ class ReferenceRun:
         result = tick_result(self.tick_no, tick)
         self.state = observed
         resilient = self.preset == "resilient"
+        if tick.step is not None:
+            self.best_step = (tick.step if self.best_step is None
+                              else max(self.best_step, tick.step))
+        if resilient and observed in ("FAILED", "UNHEALTHY"):
+            self._note_attempt_end()
         if resilient:
             self.remaining_restarts = self._left()
         self.events.append(("put_metric", f"workers.{role}.remaining_restarts",
@@ -291,7 +332,10 @@ class ReferenceRun:
             # failure; they count only when every listed rank ended by SIGTERM
             codes = [c for c in listed if c != -15] or listed
             no_retry = self.params.get("no_retry_exit_codes", ())
-            if resilient and codes and all(c in no_retry for c in codes):
+            stalled = self.params.get("no_progress_restarts", 0)
+            no_use = codes and all(c in no_retry for c in codes)  # retrying cannot help
+            if resilient and (no_use or 0 < stalled <= self.stalled_restarts):
+                # a no-retry failure, or no_progress_restarts restarts in a row without progress
                 self._give_up(result, observed, exit_code=self.params["no_requeue_exit_code"])
             elif self.remaining_restarts > 0:
                 if resilient:
@@ -307,6 +351,40 @@ class ReferenceRun:
                 self._restart()
         else:
             self.outcome = Raised("Exception", f"[{role}] Worker group in {observed} state")
+        if resilient and self.outcome is None and tick.preempt is not None:
+            # the next monitor wait ends at once: preempted
+            self.events.append(("sleep", config.monitor_interval))
+            self._drain(tick)
+
+    def _note_attempt_end(self) -> None:
+        """A failure: did the attempt move past its start? (Both marks unknown: it did.)"""
+        start, end = self._start_step, self.best_step
+        unknown = start is None and end is None
+        if unknown or (end is not None and (start is None or end > start)):
+            self.stalled_restarts = 0
+        elif self._attempts >= 2:  # the first attempt is not a restart
+            self.stalled_restarts += 1
+
+    def _drain(self, tick: Tick) -> None:
+        """A preemption woke the wait just recorded: drain, then raise ``Preempted``."""
+        assert tick.preempt is not None
+        p = self.params
+        self.events.append(("woken", "preempted"))
+        reason = f"received {tick.preempt}"
+        code = int(p["preempted_exit_code"]) or 128 + int(signal.Signals[tick.preempt])
+        self.exit_code = code
+        self._call("announce_preemption", code, reason)
+        self._call("drain_workers", int(signal.Signals[p["drain_signal"]]))
+        self.state = "STOPPED"  # DRAINING reports STOPPED
+        self.events.append(("sleep", p["drain_timeout"]))
+        if not self._running or tick.drain != "ignore":
+            self.events.append(("woken", "drained"))  # every worker exited
+            self._call("stop_workers")
+        else:
+            self.now += p["drain_timeout"]  # the deadline: what is left is killed
+            self._call("kill_workers")
+        self.state = "FAILED"  # PREEMPTED reports FAILED
+        self.outcome = Raised("Preempted", reason, exit_code=code)
 
     def _give_up(self, result: Any, observed: str, exit_code: int | None = None) -> None:
         if exit_code is not None:
@@ -327,7 +405,12 @@ class ReferenceRun:
         self.remaining_restarts = self._left()
         self._call("stop_workers")
         self.state = "STOPPED"
-        self._sleep(self._backoff(tick.draw))
+        wait = self._backoff(tick.draw)
+        if tick.preempt is not None:  # the backoff's wait ends at once: preempted
+            self.events.append(("sleep", wait))
+            self._drain(tick)
+            return
+        self._sleep(wait)
         self._start_workers()
 
     def _backoff(self, draw: float) -> float:

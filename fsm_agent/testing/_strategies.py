@@ -33,8 +33,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BARRIER_OUTCOMES",
+    "DRAIN_ENDS",
     "HOOKS",
     "INIT_FAULTS",
+    "PREEMPT_SIGNALS",
     "RESILIENT_PARAM_VALUES",
     "ElasticTypes",
     "RunConfig",
@@ -59,6 +61,11 @@ HOOKS: tuple[str, ...] = (
 INIT_FAULTS: tuple[str | None, ...] = (None, "rendezvous", "start_workers")
 #: How the exit barrier ends: returns, raises, or times out (raises torch's ``DistStoreError``).
 BARRIER_OUTCOMES: tuple[str, ...] = ("ok", "error", "timeout")
+#: Signals a scripted preemption arrives with (``Tick.preempt``): the scheduler's usual ones.
+PREEMPT_SIGNALS: tuple[str, ...] = ("SIGTERM", "SIGUSR1")
+#: How the workers end a drain (``Tick.drain``): every one exits 0 (it checkpointed), they exit
+#: failing (the tick's exit codes), or they ignore the drain signal until the deadline.
+DRAIN_ENDS: tuple[str, ...] = ("exit0", "fail", "ignore")
 
 _STATE_NAMES = ("UNKNOWN", "INIT", "HEALTHY", "UNHEALTHY", "STOPPED", "SUCCEEDED", "FAILED")
 
@@ -126,6 +133,14 @@ class Tick:
     ``monitor()`` call, on top of the wait before it (the workers ran that much longer).
     ``draw``: what the kit's random source returns (``random()``) during this tick, so a backoff
     started here has its jitter chosen by the script.
+
+    ``preempt`` (a signal name of :data:`PREEMPT_SIGNALS`, None: none): a preemption reaches the
+    supervisor during its first wait after this tick's monitor call (the next monitor wait, or
+    the backoff this tick started): the wait returns ``preempted`` at once. ``drain`` is how the
+    workers then end the drain (:data:`DRAIN_ENDS`; workers already stopped, in a backoff, are
+    drained at once). ``step``: the training step the workers report by this tick's monitor call
+    (``fsm_agent.progress``; None: nothing new), which the driver's ``progress_mark()`` gives as
+    the best step so far.
     """
 
     observed: str = "HEALTHY"
@@ -136,6 +151,9 @@ class Tick:
     errors: tuple[str | None, ...] = attrs.field(default=(), converter=tuple)
     elapsed: float = 0.0
     draw: float = 0.5
+    preempt: str | None = None
+    drain: str = "exit0"
+    step: int | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.observed not in _STATE_NAMES:
@@ -157,6 +175,22 @@ class Tick:
             raise ValueError(f"Tick.elapsed must be seconds >= 0, got {self.elapsed!r}")
         if not (isinstance(self.draw, (int, float)) and 0 <= self.draw < 1):
             raise ValueError(f"Tick.draw must be in [0, 1), got {self.draw!r}")
+        if self.preempt is not None and self.preempt not in PREEMPT_SIGNALS:
+            raise ValueError(f"Tick.preempt must be None or one of {PREEMPT_SIGNALS}, "
+                             f"got {self.preempt!r}")
+        if self.drain not in DRAIN_ENDS:
+            raise ValueError(f"Tick.drain must be one of {DRAIN_ENDS}, got {self.drain!r}")
+        if self.step is not None and (not isinstance(self.step, int)
+                                      or isinstance(self.step, bool) or self.step < 0):
+            raise ValueError(f"Tick.step must be None or a step number >= 0, got {self.step!r}")
+
+    def preemption_detail(self) -> str:
+        """The preemption and how the drain ends, for the table ("" for none)."""
+        if self.preempt is None:
+            return ""
+        end = {"exit0": "workers exit 0", "fail": "workers fail",
+               "ignore": "workers ignore it"}[self.drain]
+        return f"{self.preempt}, {end}"
 
     def failure_detail(self) -> str:
         """The failure's exit codes and error types, for the table ("" for a plain exit 1)."""
@@ -287,7 +321,9 @@ _DRAWS: tuple[float, ...] = (0.5,) * 4 + (0.0, 0.25, 0.75, 1.0 - 2.0**-10)
 #: Values the kit gives the ``resilient`` preset's parameters: its table's defaults (jitter aside:
 #: 0.1 is not an exact binary fraction), and small ones so that short scripts reach the backoff
 #: cap, a reset and the edge of a window: a few intervals and elapsed times (and a backoff) add
-#: up to 3, 4, 5 or 10 s exactly. Names and meanings are issue 10's table.
+#: up to 3, 4, 5 or 10 s exactly. Names and meanings are issue 10's table, and issue 20's drain
+#: and no-progress parameters (``drain_on`` is the agent's signal handling, not the lifecycle's:
+#: a scripted preemption is a ``drain_on`` signal that arrived).
 RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     "no_retry_exit_codes": ((), (3,), (3, 4)),
     "no_requeue_exit_code": (93, 42),
@@ -297,6 +333,11 @@ RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     "backoff_jitter": (0.0, 0.25, 0.5, 1.0),
     "backoff_reset": (600.0, 5.0, 4.0),
     "restart_window": (math.inf, 10.0, 5.0, 3.0),
+    # issue 20: a drain (its signal, deadline and exit code) and the no-progress count
+    "drain_signal": ("SIGTERM", "SIGUSR1"),
+    "drain_timeout": (25.0, 0.0, 2.5),
+    "preempted_exit_code": (0, 99),
+    "no_progress_restarts": (3, 1, 2, 0),
 }
 
 
@@ -318,11 +359,20 @@ def params(values: Mapping[str, Sequence[Any]],
         return tuple((n, v) for n, v in zip(names, chosen, strict=True)
                      if n not in defaults or defaults[n] != v)
 
-    # One draw over every combination while there are not too many (as for ticks: a draw costs
-    # more than the run it sets up), else one per parameter.
-    if math.prod(len(values[n]) for n in names) <= _MAX_COMBINATIONS:
-        return st.sampled_from([pack(c) for c in itertools.product(*(values[n] for n in names))])
-    return st.tuples(*(st.sampled_from(list(values[n])) for n in names)).map(pack)
+    # One draw over every combination of a group of parameters while there are not too many
+    # (as for ticks: a draw costs more than the run it sets up): the names, in order, in as few
+    # groups as keep each group's combinations within _MAX_COMBINATIONS.
+    groups: list[list[str]] = []
+    for n in names:
+        if groups and math.prod(len(values[m]) for m in groups[-1]) * len(values[n]) \
+                <= _MAX_COMBINATIONS:
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    parts = [st.sampled_from(list(itertools.product(*(values[n] for n in g)))) for g in groups]
+    if len(parts) == 1:
+        return parts[0].map(pack)
+    return st.tuples(*parts).map(lambda chosen: pack(tuple(itertools.chain(*chosen))))
 
 
 _MAX_COMBINATIONS = 50_000
@@ -439,17 +489,50 @@ def _with(tick: Any, extra: _Extra) -> Any:
     return attrs.evolve(tick, exitcodes=codes, errors=errors, elapsed=elapsed, draw=draw)
 
 
+#: A tick's preemption, drain end and progress step, for a spec that drains or counts progress:
+#: a preemption in about one tick in twelve as hypothesis draws them (it ends the run), a step
+#: reported in about one in three (absolute, so a repeated or lower step is no progress).
+_PREEMPTS: tuple[str | None, ...] = (None,) * 14 + PREEMPT_SIGNALS
+_STEPS: tuple[int | None, ...] = (None,) * 5 + (1, 2, 3)
+_Events = tuple[str | None, str, int | None]
+
+
 @functools.cache
-def ticks(*, faults: bool = True, timed: bool = False) -> st.SearchStrategy[Tick]:
+def _events(drains: bool, progress: bool) -> st.SearchStrategy[_Events] | None:
+    if not (drains or progress):
+        return None
+    return st.sampled_from(list(itertools.product(
+        _PREEMPTS if drains else (None,), DRAIN_ENDS if drains else ("exit0",),
+        _STEPS if progress else (None,))))
+
+
+def _with_events(tick: Any, events: _Events) -> Any:
+    preempt, drain, step = events
+    if tick is None or (preempt, step) == (None, None):
+        return tick
+    if preempt is None:
+        drain = "exit0"
+    return attrs.evolve(tick, preempt=preempt, drain=drain, step=step)
+
+
+@functools.cache
+def ticks(*, faults: bool = True, timed: bool = False, drains: bool = False,
+          progress: bool = False) -> st.SearchStrategy[Tick]:
     """One tick: all seven observed states (failures with various exit codes, signals and error
     types), 0..2 nodes waiting, barrier ok/error/timeout, faults; with ``timed``, also virtual
-    time passing during the tick and the random source's value."""
+    time passing during the tick and the random source's value; with ``drains``, sometimes a
+    preemption after it and how the drain ends; with ``progress``, sometimes a step reported."""
     base = st.sampled_from(_tick_combinations(faults, timed))
-    return st.tuples(base, _extras(timed)).map(lambda te: _with(*te))
+    plain = st.tuples(base, _extras(timed)).map(lambda te: _with(*te))
+    events = _events(drains, progress)
+    if events is None:
+        return plain
+    return st.tuples(plain, events).map(lambda te: _with_events(*te))
 
 
 @functools.cache
-def ticks_or_end(*, faults: bool = True, timed: bool = False) -> st.SearchStrategy[Tick | None]:
+def ticks_or_end(*, faults: bool = True, timed: bool = False, drains: bool = False,
+                 progress: bool = False) -> st.SearchStrategy[Tick | None]:
     """A tick, or ``None`` (about one draw in ten): the script ends here, the run still going.
 
     ``None`` comes first so that the shrinker can end a script early: without it, a script whose
@@ -457,15 +540,21 @@ def ticks_or_end(*, faults: bool = True, timed: bool = False) -> st.SearchStrate
     """
     every = _tick_combinations(faults, timed)
     base = st.sampled_from([None] * (len(every) // 9) + every)
-    return st.tuples(base, _extras(timed)).map(lambda te: _with(*te))
+    plain = st.tuples(base, _extras(timed)).map(lambda te: _with(*te))
+    events = _events(drains, progress)
+    if events is None:
+        return plain
+    return st.tuples(plain, events).map(lambda te: _with_events(*te))
 
 
 def scripts(
     *, max_ticks: int = 16, faults: bool = True,
     configs: st.SearchStrategy[RunConfig] | None = None, timed: bool = False,
+    drains: bool = False, progress: bool = False,
 ) -> st.SearchStrategy[tuple[RunConfig, tuple[Tick, ...]]]:
     """A whole script: a config and up to ``max_ticks`` ticks."""
     return st.tuples(
         configs if configs is not None else run_configs(),
-        st.lists(ticks(faults=faults, timed=timed), max_size=max_ticks).map(tuple),
+        st.lists(ticks(faults=faults, timed=timed, drains=drains, progress=progress),
+                 max_size=max_ticks).map(tuple),
     )
