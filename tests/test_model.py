@@ -219,9 +219,15 @@ class LifecycleModel(RuleBasedStateMachine):
     def restarts_stay_in_range(self) -> None:
         if self.lc is not None:
             assert 0 <= self.lc.remaining_restarts <= self.config.max_restarts
+            ctx = self.lc.context
             if self.ref.params.get("restart_window", math.inf) == math.inf:
+                # every budget's restarts count for the attempt number; each budget stays
+                # within its own maximum (the infra budget: infra_restarts)
                 assert self.lc.restart_count == (self.config.max_restarts
-                                                 - self.lc.remaining_restarts)
+                                                 - self.lc.remaining_restarts
+                                                 + sum(ctx.budget_counts.values()))
+                for name, used in ctx.budget_counts.items():
+                    assert used <= ctx.budget_limits[name][0], (name, used)
 
     @invariant()
     def every_restart_is_stop_rendezvous_start(self) -> None:

@@ -37,6 +37,11 @@ STOPPED                            group in <STATE> state")
   backoff_factor**n) * (1 + uniform(-backoff_jitter, backoff_jitter))``, rendezvous, start,
   HEALTHY. ``n`` counts the backoffs since the last reset, and goes back to 0 when the attempt
   that just failed (since the workers were last started) ran for at least ``backoff_reset``;
+* a failure where every failed rank exited with a code in ``infra_exit_codes`` (neither a
+  no-retry failure nor the give-up after restarts without progress, below) spends the infra
+  budget instead: ``infra_restarts`` restarts within any window of ``restart_window``,
+  restarted after a backoff as any other failure, never counted against ``max_restarts``; with
+  none of the infra budget left: stop; FAILED; return the FAILED result;
 * ``max_restarts`` failure restarts are allowed within any window of ``restart_window``: a
   restart counts while less than ``restart_window`` has passed since it (``inf``: the whole
   job, as torch); with none left: stop; FAILED; return the FAILED result (no exit barrier);
@@ -104,6 +109,8 @@ RESILIENT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "drain_timeout": 25.0,
     "preempted_exit_code": 0,
     "no_progress_restarts": 3,
+    "infra_exit_codes": (),
+    "infra_restarts": 3,
 })
 
 #: One recorded call: ``("rendezvous",)``, ``("sleep", 0.1)``, ``("exit_barrier", 300.0)``,
@@ -224,6 +231,7 @@ class ReferenceRun:
                 p[name] = value
         self.params: Mapping[str, Any] = MappingProxyType(p)
         self._restarts: list[float] = []  # when each failure restart was counted
+        self._infra_restarts: list[float] = []  # the same, of the infra budget
         self._started_at: float | None = None  # when the workers were last started
         self._backoffs = 0  # backoffs since the last reset
         self._running = False  # whether the workers run (a drain of stopped ones ends at once)
@@ -298,11 +306,13 @@ class ReferenceRun:
         # Every barrier outcome (ok, error, timeout) is logged and swallowed.
         self.events.append(("exit_barrier", self.config.exit_barrier_timeout))
 
-    def _left(self) -> int:
-        """Failure restarts still allowed now."""
+    def _left(self, *, infra: bool = False) -> int:
+        """Failure restarts still allowed now (``infra``: of the infra budget, infra_restarts)."""
         window = self.params.get("restart_window", math.inf)
-        inside = sum(1 for t in self._restarts if self.now - t < window)
-        return max(0, self.config.max_restarts - inside)
+        times = self._infra_restarts if infra else self._restarts
+        inside = sum(1 for t in times if self.now - t < window)
+        most = int(self.params.get("infra_restarts", 0)) if infra else self.config.max_restarts
+        return max(0, most - inside)
 
     def _tick(self, tick: Tick) -> None:
         config, role, observed = self.config, self.config.role, tick.observed
@@ -334,9 +344,16 @@ class ReferenceRun:
             no_retry = self.params.get("no_retry_exit_codes", ())
             stalled = self.params.get("no_progress_restarts", 0)
             no_use = codes and all(c in no_retry for c in codes)  # retrying cannot help
+            infra = codes and all(c in self.params.get("infra_exit_codes", ()) for c in codes)
             if resilient and (no_use or 0 < stalled <= self.stalled_restarts):
                 # a no-retry failure, or no_progress_restarts restarts in a row without progress
                 self._give_up(result, observed, exit_code=self.params["no_requeue_exit_code"])
+            elif resilient and infra:
+                # the infrastructure failed: its own budget, never max_restarts
+                if self._left(infra=True) > 0:
+                    self._restart_after_backoff(tick, infra=True)
+                else:
+                    self._give_up(result, observed)
             elif self.remaining_restarts > 0:
                 if resilient:
                     self._restart_after_backoff(tick)
@@ -400,8 +417,8 @@ class ReferenceRun:
         self.outcome = Returned("FAILED", result.return_values, failure_summary(result.failures),
                                 gave_up_after=observed)
 
-    def _restart_after_backoff(self, tick: Tick) -> None:
-        self._restarts.append(self.now)
+    def _restart_after_backoff(self, tick: Tick, *, infra: bool = False) -> None:
+        (self._infra_restarts if infra else self._restarts).append(self.now)
         self.remaining_restarts = self._left()
         self._call("stop_workers")
         self.state = "STOPPED"

@@ -338,6 +338,9 @@ RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     "drain_timeout": (25.0, 0.0, 2.5),
     "preempted_exit_code": (0, 99),
     "no_progress_restarts": (3, 1, 2, 0),
+    # budgets per cause: failures of the infrastructure spend infra_restarts, not max_restarts
+    "infra_exit_codes": ((), (1,), (3, 4)),
+    "infra_restarts": (3, 0, 1),
 }
 
 

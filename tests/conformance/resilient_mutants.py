@@ -34,7 +34,7 @@ def _without_backoff_state(text: str) -> str:
 SPEC_EDITS: dict[str, tuple[Any, ...]] = {
     "NoBackoff": (
         "restarts a failed group at once, as torchrun (no backoff state)",
-        ("      then: restart_after_backoff\n", "      then: restart\n"),
+        lambda text: text.replace("      then: restart_after_backoff\n", "      then: restart\n"),
         _without_backoff_state,
     ),
     "BackoffNotCapped": (
@@ -60,6 +60,10 @@ SPEC_EDITS: dict[str, tuple[Any, ...]] = {
         "gives up on a no-retry code, but with the plain exit code",
         ("      when: no_retry_exit\n      then: give_up_no_requeue\n",
          "      when: no_retry_exit\n      then: give_up\n"),
+    ),
+    "InfraSpendsUserBudget": (
+        "an infrastructure failure spends the user's max_restarts (no budget of its own)",
+        ("      budget: infra\n", ""),
     ),
     "BarrierOnGivingUp": (
         "waits at the exit barrier before giving up, as the seed does",

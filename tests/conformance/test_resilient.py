@@ -107,6 +107,16 @@ def test_kit_rejects_a_wrong_resilient_supervisor(name: str, rejection: Any) -> 
     assert rows[0].startswith("start") and 2 <= len(rows) <= 6, text
 
 
+def test_the_infra_counterexample_shows_the_user_budget_spent(rejection: Any) -> None:
+    text = rejection("InfraSpendsUserBudget")
+    # an infrastructure failure, and the user's restarts it must not have spent
+    run = next(line for line in text.splitlines() if line.startswith("run:"))
+    assert "infra_exit_codes=" in run, text
+    actual = next(line for line in text.splitlines() if line.startswith("actual outcome"))
+    assert "remaining_restarts" in actual and "<-- differs" in actual, text
+    assert "differs in: remaining restarts" in text, text
+
+
 def test_the_no_backoff_counterexample_shows_the_missing_wait(rejection: Any) -> None:
     text = rejection("NoBackoff")
     row = next(line for line in text.splitlines() if line.startswith("1 "))
