@@ -1,16 +1,16 @@
 """A one-machine Slurm cluster for the tests in this directory (Debian's ``slurm-wlm``); the
 fixtures are in conftest.py (a unique module name: several test directories have a ``conftest``).
 
-The cluster behind the ``slurm`` fixture (one per pytest process) starts munged with a key and a socket of its own,
-slurmctld and slurmd in the foreground (``-D``), all as root on this host, configured by a
-slurm.conf generated into a temporary directory (``SLURM_CONF`` in the environment of every
-Slurm command the helpers run). It skips, with the reason, when the binaries are missing, when the
-tests do not run as root, or when a daemon does not come up (the reason then ends with the
+The cluster behind the ``slurm`` fixture (one per pytest process) starts munged with a key and a
+socket of its own, slurmctld and slurmd in the foreground (``-D``), all as root on this host,
+configured by a slurm.conf generated into a temporary directory (``SLURM_CONF`` in the environment
+of every Slurm command the helpers run). It skips, with the reason, when the binaries are missing,
+when the tests do not run as root, or when a daemon does not come up (the reason then ends with the
 daemon's last log lines), or fails instead where ``FSM_AGENT_REQUIRE_SLURM=1`` (CI). After each
 test, :meth:`SlurmCluster.end_test` cancels every job and checks that nothing carrying the test's
-directory in its environment is left; teardown stops the daemons and munged and checks the same
-of the cluster's directory (slurmstepd, the jobs' processes): what is left is killed, and named
-in a failure.
+directory in its environment is left; teardown stops the daemons and munged and checks the same of
+the cluster's directory (slurmstepd, the jobs' processes): what is left is killed, and named in a
+failure.
 
 ``ProctrackType`` matters for the drain tests: ``proctrack/linuxproc`` (the ``slurm`` fixture)
 tracks and signals every descendant of the step, as ``proctrack/cgroup`` on a real cluster does;
