@@ -26,6 +26,14 @@ SPEC_EDITS: dict[str, tuple[Any, ...]] = {
         ("  - trigger: drained\n    source: DRAINING\n    dest: PREEMPTED\n",
          "  - trigger: drained\n    source: DRAINING\n    dest: SUCCEEDED\n"),
     ),
+    "PreemptionSpendsUserBudget": (
+        "a preemption spends one of the user's max_restarts (the scheduler requeues the job: it "
+        "was no failure)",
+        ("  - trigger: preempted\n    source: [INIT, HEALTHY, STOPPED, BACKOFF]\n"
+         "    dest: DRAINING\n",
+         "  - trigger: preempted\n    source: [INIT, HEALTHY, STOPPED, BACKOFF]\n"
+         "    dest: DRAINING\n    actions: [consume_restart]\n"),
+    ),
     "IgnoresProgress": (
         "no rule for restarts without progress: a crash loop spends the whole budget",
         ("    - name: no_progress\n      when: stalled\n      then: give_up_no_requeue\n"
@@ -157,7 +165,8 @@ def no_progress_one_late(driver: Any, *, params: Mapping[str, Any] | None = None
 
 #: The drain's wrong supervisors (issue 20: "a drain that counts as success").
 DRAIN_MUTANTS: tuple[str, ...] = ("DrainedIsSuccess", "drain_exit0_is_success",
-                                  "preemption_exits_zero", "ignores_preempted_exit_code")
+                                  "preemption_exits_zero", "ignores_preempted_exit_code",
+                                  "PreemptionSpendsUserBudget")
 #: The no-progress rule's ("a no-progress count off by one").
 PROGRESS_MUTANTS: tuple[str, ...] = ("no_progress_one_early", "no_progress_one_late",
                                      "IgnoresProgress")

@@ -254,6 +254,12 @@ def test_kit_rejects_a_wrong_drain_or_progress_supervisor(name: str, rejection: 
         assert "step" in header and "exit code 93" in text, text
 
 
+def test_a_preemption_that_spends_the_user_budget_shows_the_restart_spent(
+        rejection: Any) -> None:
+    text = rejection("PreemptionSpendsUserBudget")
+    assert "differs in: remaining restarts" in text, text
+
+
 def test_a_drain_counted_as_success_shows_the_outcome_and_the_exit_code(rejection: Any) -> None:
     text = rejection("preemption_exits_zero")
     actual = next(line for line in text.splitlines() if line.startswith("actual outcome"))
