@@ -16,9 +16,11 @@ since the workers' last checkpoint is not in the trace and is not counted.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -669,17 +671,35 @@ class RunRecorder:
     """A lifecycle listener that keeps what the end-of-run summary needs, in memory: every step
     that changed something, and a count for the runs of steps that did not (as the trace writer
     folds them). ``fields``: called per step for extra record fields (the agent's
-    ``trace_fields``: diagnostics). ``analysis()`` reads it as one lane."""
+    ``trace_fields``: diagnostics). ``analysis()`` reads it as one lane.
+
+    Only the last record can still change (a fold adds to its count). Every earlier one is kept
+    as its JSON text, compressed :data:`CHUNK_RECORDS` at a time, and read back by
+    ``analysis()``: as Python dicts the records of a restart cost about 5 KB, which an agent
+    that restarts for days would carry to its end (issue 27); compressed, about a twentieth. A
+    record that JSON would not give back equal (a value JSON has no type for, a NaN) is kept
+    as it is, so ``analysis()`` always reads exactly the records it was given.
+    """
 
     #: Ticks that change nothing fold into one record, so an agent need not tick just for it
     #: (the torch agent then waits longer while nothing can change).
     every_tick = False
+    #: Finished records compressed together (the pending ones are kept as JSON text). Each
+    #: chunk is compressed with the previous chunk's last line as its dictionary, so that even a
+    #: small chunk compresses as well as a long run of records (most of a record repeats the
+    #: one before: the same keys, guards, actions, failures' messages).
+    CHUNK_RECORDS = 16
 
     def __init__(self, *, fields: Callable[[], Mapping[str, Any]] | None = None,
                  **static: Any) -> None:
         self._fields = fields
         self._static = static
-        self._records: list[dict[str, Any]] = []
+        # finished records, oldest first: compressed chunks (JSON lines) and records kept as
+        # dicts; then the pending JSON lines; then the last record, which a fold may change
+        self._done: list[bytes | dict[str, Any]] = []
+        self._pending: list[str] = []
+        self._last: dict[str, Any] | None = None
+        self._zdict: bytes | None = None  # the last line of the last compressed chunk
         self._seq = 0
 
     def __call__(self, step: Step) -> None:
@@ -687,7 +707,7 @@ class RunRecorder:
         record = step_record(step, self._seq, self._static)
         if self._fields is not None:
             record.update(self._fields())
-        last = self._records[-1] if self._records else None
+        last = self._last
         noop = (record["source"] == record["dest"] and not record["actions"]
                 and record["error"] is None and not record.get("diagnostics"))
         if noop and last is not None and last.get("count") is not None and all(
@@ -700,11 +720,57 @@ class RunRecorder:
         if noop:
             record.update(count=1, last_wall_time=record["wall_time"],
                           last_monotonic_time=record["monotonic_time"])
-        self._records.append(record)
+        if last is not None:
+            self._finish(last)
+        self._last = record
+
+    def _finish(self, record: dict[str, Any]) -> None:
+        """Keep ``record``, which no fold can change any more, compactly."""
+        try:
+            text = json.dumps(record, separators=(",", ":"))
+            same = json.loads(text) == record
+        except (TypeError, ValueError, RecursionError):
+            same = False
+        if not same:
+            self._compress()
+            self._done.append(record)
+            return
+        self._pending.append(text)
+        if len(self._pending) >= self.CHUNK_RECORDS:
+            self._compress()
+
+    def _compress(self) -> None:
+        if not self._pending:
+            return
+        packer = _compressor(self._zdict)
+        self._done.append(packer.compress("\n".join(self._pending).encode()) + packer.flush())
+        self._zdict = self._pending[-1].encode()
+        self._pending = []
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every record so far, oldest first (a fresh copy: changing it changes nothing here)."""
+        out: list[dict[str, Any]] = []
+        zdict: bytes | None = None
+        for item in self._done:
+            if isinstance(item, bytes):
+                unpacker = zlib.decompressobj(zdict=zdict) if zdict else zlib.decompressobj()
+                lines = (unpacker.decompress(item) + unpacker.flush()).decode().split("\n")
+                out.extend(json.loads(line) for line in lines)
+                zdict = lines[-1].encode()
+            else:
+                out.append(item)
+        out.extend(json.loads(text) for text in self._pending)
+        if self._last is not None:
+            out.append(self._last)
+        return out
 
     def analysis(self, spec: Spec | None = None) -> JobAnalysis:
         """What happened so far."""
         header = dict(self._static, spec=spec.name if spec is not None else None)
         trace = Trace("<this run>", header, None,
-                      tuple(TraceRecord(i, r) for i, r in enumerate(self._records, 1)))
+                      tuple(TraceRecord(i, r) for i, r in enumerate(self.records(), 1)))
         return analyse([trace], spec)
+
+
+def _compressor(zdict: bytes | None) -> Any:
+    return zlib.compressobj(9, zdict=zdict) if zdict else zlib.compressobj(9)
