@@ -112,9 +112,14 @@ def test_the_infra_counterexample_shows_the_user_budget_spent(rejection: Any) ->
     # an infrastructure failure, and the user's restarts it must not have spent
     run = next(line for line in text.splitlines() if line.startswith("run:"))
     assert "infra_exit_codes=" in run, text
+    # either the restart the infra budget pays is counted against the user's (one fewer
+    # left), or, with none of the user's left, the wrong supervisor gives up where the spec
+    # restarts (which one the search shrinks to depends on the order it draws in)
+    differs = next(line for line in text.splitlines() if line.startswith("differs in:"))
     actual = next(line for line in text.splitlines() if line.startswith("actual outcome"))
-    assert "remaining_restarts" in actual and "<-- differs" in actual, text
-    assert "differs in: remaining restarts" in text, text
+    assert ("remaining restarts" in differs
+            or ("outcome" in differs and actual.startswith("actual outcome:   return FAILED"))
+            ), text
 
 
 def test_the_no_backoff_counterexample_shows_the_missing_wait(rejection: Any) -> None:

@@ -1,9 +1,9 @@
 """The ``slurm`` and ``slurm_pgid`` fixtures: see ``slurm_cluster``.
 
-Each is one cluster per pytest process (under ``pytest -n 2`` a worker that runs a test of this
-directory starts its own, on ports of its own), and a clean slate per test: after each test every
-job is cancelled and every process that carries the test's directory in its environment (the
-agent, its workers, the batch script) must be gone, or the test fails naming them.
+Each is one cluster per test module and pytest process (under ``pytest -n 2`` a worker that runs a
+test of this directory starts its own, on ports of its own), and a clean slate per test: after each
+test every job is cancelled and every process that carries the test's directory in its environment
+(the agent, its workers, the batch script) must be gone, or the test fails naming them.
 
 Without Slurm or without root the tests skip with the reason, except where
 ``FSM_AGENT_REQUIRE_SLURM=1`` (``.ci/run`` sets it, after installing Slurm): there they fail, so
@@ -36,12 +36,15 @@ def _cluster(tmp_path_factory: pytest.TempPathFactory, proctrack: str) -> Iterat
     assert not left, f"still running once the cluster stopped (killed): {left}"
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: the daemons are children of this pytest process, and every other
+# test's leak check (fsm_test_procs.kill_leftovers) counts this process's descendants, so they
+# must be gone before a test of another module runs in this process.
+@pytest.fixture(scope="module")
 def _slurm_linuxproc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     yield from _cluster(tmp_path_factory, "proctrack/linuxproc")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def _slurm_pgid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     yield from _cluster(tmp_path_factory, "proctrack/pgid")
 

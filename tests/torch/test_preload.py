@@ -197,7 +197,16 @@ if os.environ.get("KILL_SELF"):
 while not os.path.exists(os.environ["GO"]):
     time.sleep(0.05)
 print("done", flush=True)
-sys.exit(int(os.environ.get("CODE_" + os.environ["RANK"], "0")))
+out = os.environ["OUT_DIR"]
+open(os.path.join(out, "done_" + os.environ["RANK"]), "w").close()
+code = int(os.environ.get("CODE_" + os.environ["RANK"], "0"))
+if code:
+    # a failing rank fails after the others are done: torch stops the group at the first
+    # failure, and a rank stopped before it printed would not be a test of exit statuses
+    others = [os.path.join(out, f"done_{r}") for r in range(int(os.environ["WORLD_SIZE"]))]
+    while not all(os.path.exists(p) for p in others):
+        time.sleep(0.05)
+sys.exit(code)
 """
 
 
