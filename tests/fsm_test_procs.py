@@ -182,8 +182,20 @@ class Job:
         return self.log.read_text(errors="replace")
 
     def records(self, pattern: str = "*.json") -> list[dict[str, object]]:
-        """What the worker scripts wrote to ``$OUT_DIR`` (one JSON file each), sorted by name."""
-        return [json.loads(f.read_text()) for f in sorted(self.out_dir.glob(pattern))]
+        """What the worker scripts wrote to ``$OUT_DIR`` (one JSON file each), sorted by name.
+
+        A worker writes ``NAME.tmp`` and renames it: a ``.tmp`` file, or one that goes between
+        the listing and the read, is left out (the next poll sees it under its final name).
+        """
+        found = []
+        for f in sorted(self.out_dir.glob(pattern)):
+            if f.suffix == ".tmp":
+                continue
+            try:
+                found.append(json.loads(f.read_text()))
+            except FileNotFoundError:
+                continue
+        return found
 
     def _until(self, done: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
