@@ -86,6 +86,8 @@ class Context:
     attempts: int = 0
     progress_start: Any = attrs.field(default=None, repr=False)
     stalled_restarts: int = 0
+    #: Whether the attempt that failed last made progress (None: unknown, or none failed yet).
+    progressed: bool | None = None
     #: The lifecycle's guards by name, bound to its parameters (combinators evaluate through it).
     guard_fns: Mapping[str, Guard] = attrs.field(factory=dict, repr=False)
     # Guard values of the current step: a guard is evaluated at most once per step, because some

@@ -54,7 +54,7 @@ def _same_ref(a: Spec, ra: Ref, b: Spec, rb: Ref, type_name: str = "duration") -
 
 
 _BACKOFF = (("initial", "duration"), ("factor", "float"), ("max", "duration"),
-            ("jitter", "float"), ("reset_after", "duration"))
+            ("jitter", "float"), ("reset_after", "duration"), ("reset_on_progress", "bool"))
 
 
 def _timer_text(spec: Spec, t: TimeoutSpec | None) -> str:

@@ -160,6 +160,8 @@ def timer_lines(spec: Spec, timeout: TimeoutSpec, values: Mapping[str, Any]) -> 
              f"jitter {ref_text(spec, b.jitter, values, 'float')}"]
     if not (b.reset_after.name is None and b.reset_after.value == math.inf):
         lines.append(f"reset after {ref_text(spec, b.reset_after, values)} healthy")
+    if not (b.reset_on_progress.name is None and b.reset_on_progress.value is False):
+        lines.append(f"reset on progress {ref_text(spec, b.reset_on_progress, values, 'bool')}")
     return lines
 
 

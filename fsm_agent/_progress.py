@@ -164,6 +164,7 @@ def note_attempt_start(ctx: Context) -> None:
     """The workers just started: remember where training stands."""
     ctx.attempts += 1
     ctx.progress_start = _mark(ctx)
+    ctx.progressed = None
 
 
 def note_attempt_end(ctx: Context) -> None:
@@ -172,6 +173,7 @@ def note_attempt_end(ctx: Context) -> None:
     if now is None or start is None:
         return
     moved = now.beyond(start)
+    ctx.progressed = moved
     restart = ctx.attempts >= 2
     if moved is False and restart:
         ctx.stalled_restarts += 1

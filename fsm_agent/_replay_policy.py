@@ -50,6 +50,7 @@ class _Backoff:
         self.initial, self.factor, self.cap, self.jitter, self.reset_after = (
             float(r.resolve(values)) for r in (b.initial, b.factor, b.max, b.jitter,
                                                b.reset_after))
+        self.on_progress = bool(b.reset_on_progress.resolve(values))
         self.terms: list[float] = []
         self.last: int | None = None  # index from which every term is the same
         for n in range(_MAX_TERMS + 1):
@@ -85,7 +86,7 @@ class _Backoff:
 
     def enter(self, value: float) -> str | None:
         """Take one entry's delay; a message saying what was allowed if it does not fit."""
-        resets = not math.isinf(self.reset_after)
+        resets = not math.isinf(self.reset_after) or self.on_progress
         if self.next is None:
             candidates = set(range(len(self.terms)))
         else:
@@ -99,8 +100,9 @@ class _Backoff:
             allowed = [f"{self._shown(n)} ({_ordinal(n + 1)} backoff in a row)"
                        for n in sorted(self.next)]
             if resets and 0 not in self.next:
-                allowed.append(f"{self._shown(0)} (after a healthy attempt of "
-                               f"{seconds(self.reset_after)} or more resets it)")
+                why = (f"a healthy attempt of {seconds(self.reset_after)} or more"
+                       if not math.isinf(self.reset_after) else "an attempt that made progress")
+                allowed.append(f"{self._shown(0)} (after {why} resets it)")
             return "the backoff allows " + " or ".join(allowed)
         if self.last is not None:
             self.next = {min(n + 1, self.last) for n in matching}

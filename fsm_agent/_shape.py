@@ -82,7 +82,8 @@ _TRANSITION_KEYS = {
 _PARAM_KEYS = ("type", "default", "min", "max", "choices", "description")
 _BACKOFF_KEYS = {"initial": ("duration", None), "factor": ("float", 2.0),
                  "max": ("duration", float("inf")), "jitter": ("float", 0.0),
-                 "reset_after": ("duration", float("inf"))}
+                 "reset_after": ("duration", float("inf")),
+                 "reset_on_progress": ("bool", False)}
 _INSTANCE_EXTRA = ("timeout", "description")
 _STATE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Words a duration may be written as: never parameter names.
@@ -540,7 +541,7 @@ class _Shape:
             return None if ref is None else TimeoutSpec(after=ref, line=self.line(where))
         w = (*where, "backoff")
         body = self._mapping(raw["backoff"], w, "a mapping (initial, factor, max, jitter, "
-                             "reset_after)")
+                             "reset_after, reset_on_progress)")
         if body is None:
             return None
         self._keys(body, _BACKOFF_KEYS, w)

@@ -64,6 +64,7 @@ ERROR_STATE = "UNKNOWN"
 MAX_SPEC_BYTES = 1 << 20
 # Immutable, so safe as shared defaults.
 _NEVER = Ref(float("inf"))
+_NO = Ref(False)
 _ZERO = Ref(0.0)
 
 
@@ -76,6 +77,9 @@ class BackoffSpec:
     max: Ref
     jitter: Ref = _ZERO
     reset_after: Ref = _NEVER
+    #: True: an attempt that made progress (``fsm_agent._progress``) resets it too; where
+    #: progress is known it decides instead of ``reset_after``'s healthy time.
+    reset_on_progress: Ref = _NO
 
 
 @attrs.frozen

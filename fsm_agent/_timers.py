@@ -30,11 +30,17 @@ def make_timer(state: str, timeout: TimeoutSpec, values: Mapping[str, Any]) -> T
     initial, factor, cap, jitter, reset_after = (
         float(r.resolve(values)) for r in (b.initial, b.factor, b.max, b.jitter, b.reset_after)
     )
+    on_progress = bool(b.reset_on_progress.resolve(values))
 
     def backoff(ctx: Context) -> float:
         n = ctx.backoff.get(state, 0)
         started = ctx.attempt_started
-        if started is not None and ctx.clock.now() - started >= reset_after:
+        if on_progress and ctx.progressed is not None:
+            # Whether the attempt that just ended moved training on decides: a long attempt
+            # stuck at its checkpoint is still a loop, a short one that advanced is not.
+            if ctx.progressed:
+                n = 0
+        elif started is not None and ctx.clock.now() - started >= reset_after:
             # The attempt that just ended ran long enough: this is a new failure, not a loop.
             n = 0
         ctx.backoff[state] = n + 1

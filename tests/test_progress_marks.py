@@ -54,3 +54,52 @@ def test_the_newest_checkpoint_is_found_through_a_glob_and_below_directories(
     for i in range(30):
         (tmp_path / f"f{i}").write_text("c")
     assert newest_mtime(str(tmp_path / "f*"), max_files=5) is not None
+
+
+class _MarkedDriver:
+    """A recording driver whose progress mark is a step the test sets (``step``)."""
+
+    def __init__(self) -> None:
+        from fsm_agent.testing import RecordingDriver
+
+        self.inner = RecordingDriver([])
+        self.step: int | None = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def progress_mark(self) -> Mark:
+        return Mark(step=self.step)
+
+
+@pytest.mark.parametrize(("on_progress", "steps", "long", "expected"), [
+    # attempts that advance: reset by progress however short (without it: a growing loop)
+    (True, [10, 20, 30, 40], False, [1.0, 1.0, 1.0, 1.0]),
+    (False, [10, 20, 30, 40], False, [1.0, 2.0, 4.0, 8.0]),
+    # long attempts stuck at one step: no reset by progress (without it: reset by time)
+    (True, [10, 10, 10, 10], True, [1.0, 2.0, 4.0, 8.0]),
+    (False, [10, 10, 10, 10], True, [1.0, 1.0, 1.0, 1.0]),
+    # no source of progress: backoff_reset's healthy time decides either way
+    (True, [None] * 4, True, [1.0, 1.0, 1.0, 1.0]),
+])
+def test_backoff_reset_on_progress_resets_on_progress_instead_of_healthy_time(
+        on_progress: bool, steps: list[int | None], long: bool, expected: list[float]) -> None:
+    from fsm_agent import Lifecycle, VirtualClock
+    from fsm_agent.testing import make_result
+
+    clock, driver = VirtualClock(), _MarkedDriver()
+    lc = Lifecycle("resilient", driver, max_restarts=10, clock=clock,  # type: ignore[arg-type]
+                   params={"backoff_jitter": 0, "backoff_reset": "60s",
+                           "no_progress_restarts": 0,
+                           "backoff_reset_on_progress": on_progress})
+    lc.start()
+    waits = []
+    for step in steps:
+        clock.sleep(120.0 if long else 1.0)  # the attempt's length, against backoff_reset
+        driver.step = step
+        lc.observe(make_result("FAILED"))
+        assert lc.state_name == "BACKOFF"
+        waits.append(lc.deadline - clock.now())  # type: ignore[operator]
+        clock.sleep(waits[-1])
+        assert lc.poll_timer()
+    assert waits == expected

@@ -36,7 +36,8 @@ STOPPED                            group in <STATE> state")
   the restart, stop, the group reports STOPPED, wait ``min(backoff_max, backoff_initial *
   backoff_factor**n) * (1 + uniform(-backoff_jitter, backoff_jitter))``, rendezvous, start,
   HEALTHY. ``n`` counts the backoffs since the last reset, and goes back to 0 when the attempt
-  that just failed (since the workers were last started) ran for at least ``backoff_reset``;
+  that just failed (since the workers were last started) ran for at least ``backoff_reset``
+  (with ``backoff_reset_on_progress``: when it made progress, wherever progress is known);
 * a failure where every failed rank exited with a code in ``infra_exit_codes`` (neither a
   no-retry failure nor the give-up after restarts without progress, below) spends the infra
   budget instead: ``infra_restarts`` restarts within any window of ``restart_window``,
@@ -104,6 +105,7 @@ RESILIENT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "backoff_max": 60.0,
     "backoff_jitter": 0.1,
     "backoff_reset": 600.0,
+    "backoff_reset_on_progress": False,
     "restart_window": math.inf,
     "drain_signal": "SIGTERM",
     "drain_timeout": 25.0,
@@ -238,6 +240,7 @@ class ReferenceRun:
         self.best_step: int | None = None  # the progress mark: the best step reported so far
         self._attempts = 0  # starts of the workers
         self._start_step: int | None = None  # the mark when the workers last started
+        self._progressed: bool | None = None  # did the attempt that failed last make progress
         #: Failed restarts in a row without progress.
         self.stalled_restarts = 0
 
@@ -292,6 +295,7 @@ class ReferenceRun:
         self._running = True
         self._attempts += 1
         self._start_step = self.best_step
+        self._progressed = None
         self.state = "HEALTHY"
 
     def _start(self) -> None:
@@ -377,7 +381,9 @@ class ReferenceRun:
         """A failure: did the attempt move past its start? (Both marks unknown: it did.)"""
         start, end = self._start_step, self.best_step
         unknown = start is None and end is None
-        if unknown or (end is not None and (start is None or end > start)):
+        moved = end is not None and (start is None or end > start)
+        self._progressed = None if unknown else moved
+        if unknown or moved:
             self.stalled_restarts = 0
         elif self._attempts >= 2:  # the first attempt is not a restart
             self.stalled_restarts += 1
@@ -432,7 +438,10 @@ class ReferenceRun:
 
     def _backoff(self, draw: float) -> float:
         p: Mapping[str, float] = self.params
-        if self._started_at is not None and self.now - self._started_at >= p["backoff_reset"]:
+        if p.get("backoff_reset_on_progress") and self._progressed is not None:
+            if self._progressed:  # progress decides where it is known
+                self._backoffs = 0
+        elif self._started_at is not None and self.now - self._started_at >= p["backoff_reset"]:
             self._backoffs = 0  # the attempt that failed ran long enough: not a crash loop
         n = self._backoffs
         self._backoffs += 1

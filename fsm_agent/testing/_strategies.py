@@ -341,6 +341,7 @@ RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     # budgets per cause: failures of the infrastructure spend infra_restarts, not max_restarts
     "infra_exit_codes": ((), (1,), (3, 4)),
     "infra_restarts": (3, 0, 1),
+    "backoff_reset_on_progress": (False, True),
 }
 
 

@@ -79,7 +79,7 @@ def test_generated_scripts_reach_every_kind_of_drain_and_no_progress_give_ups() 
     seen: collections.Counter[str] = collections.Counter()
 
     @hypothesis_seed(0)
-    @settings(max_examples=800, database=None, deadline=None)
+    @settings(max_examples=1200, database=None, deadline=None)
     @given(st.data())
     def draw(data: Any) -> None:
         config, script, expected = draw_case(data, oracle, configs=profile.configs,

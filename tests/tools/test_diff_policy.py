@@ -126,13 +126,15 @@ def test_timer_changes() -> None:
     )
     fixed = derived(("    timeout:\n      backoff:\n        initial: backoff_initial\n"
                      "        factor: backoff_factor\n        max: backoff_max\n"
-                     "        jitter: backoff_jitter\n        reset_after: backoff_reset\n",
+                     "        jitter: backoff_jitter\n        reset_after: backoff_reset\n"
+                     "        reset_on_progress: backoff_reset_on_progress\n",
                      "    timeout: 30s\n"))
     (change,) = [c for c in diff_specs(base, fixed).changes if c.element == "state"]
     assert change.details == (
         "timeout: backoff: initial backoff_initial (default 1s), factor backoff_factor "
         "(default 2), max backoff_max (default 60s), jitter backoff_jitter (default 0.1), "
-        "reset_after backoff_reset (default 10m) -> after 30s",)
+        "reset_after backoff_reset (default 10m), reset_on_progress backoff_reset_on_progress "
+        "(default false) -> after 30s",)
 
 
 def test_reported_state_change() -> None:

@@ -73,7 +73,8 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
                                 "drain_on": "[SIGTERM]", "drain_signal": "SIGTERM",
                                 "drain_timeout": "25s", "preempted_exit_code": "0",
                                 "checkpoint_path": "", "no_progress_restarts": "3",
-                                "infra_exit_codes": "[]", "infra_restarts": "3"}
+                                "infra_exit_codes": "[]", "infra_restarts": "3",
+                                "backoff_reset_on_progress": "false"}
     recs = steps(path)
     failed = [r for r in recs if r["trigger"] == "failed"]
     assert [(r["dest"], r["rule"]) for r in failed] == [("BACKOFF", "retry")] * 3 + [
