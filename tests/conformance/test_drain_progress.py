@@ -7,13 +7,14 @@ counterexample."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import re
 import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
@@ -77,9 +78,19 @@ def test_generated_scripts_reach_every_kind_of_drain_and_no_progress_give_ups() 
     profile = _profile("resilient")
     oracle = _oracle("resilient")
     seen: collections.Counter[str] = collections.Counter()
+    kinds = ("from a backoff", "from a monitor wait", "drained", "deadline",
+             "workers exit0", "workers fail", "workers ignore", "no progress")
 
+    class Enough(Exception):
+        """Every kind was seen 3 times."""
+
+    # The rarest kind, a drain deadline, is about one script in 150 to 600 (a preemption in a
+    # monitor wait whose workers ignore the signal), and a fixed seed does not fix the draws
+    # across machines (the last CI run saw 2 in 1200 where this machine saw 9): so draw until
+    # every kind was seen 3 times, within a budget that a kit whose strategies reach a deadline
+    # does not run out of by chance (generation only: the stop is not a failure to shrink).
     @hypothesis_seed(0)
-    @settings(max_examples=1200, database=None, deadline=None)
+    @settings(max_examples=8000, database=None, deadline=None, phases=[Phase.generate])
     @given(st.data())
     def draw(data: Any) -> None:
         config, script, expected = draw_case(data, oracle, configs=profile.configs,
@@ -100,10 +111,12 @@ def test_generated_scripts_reach_every_kind_of_drain_and_no_progress_give_ups() 
                 run.tick(tick)
             if 0 < run.params["no_progress_restarts"] <= run.stalled_restarts:
                 seen["no progress"] += 1
+        if all(seen[kind] >= 3 for kind in kinds):  # after the draws: hypothesis replays this
+            raise Enough
 
-    draw()
-    for kind in ("from a backoff", "from a monitor wait", "drained", "deadline",
-                 "workers exit0", "workers fail", "workers ignore", "no progress"):
+    with contextlib.suppress(Enough):
+        draw()
+    for kind in kinds:
         assert seen[kind] >= 3, (kind, seen)
 
 
