@@ -58,6 +58,7 @@ from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
 from fsm_agent.torch._sentinel import SentinelMixin
+from fsm_agent.torch._slots import STABLE_SLOTS_PARAM, install_stable_slots
 from fsm_agent.torch._tick import QuietTicks
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
@@ -157,6 +158,10 @@ class LifecycleAgentMixin:
                 f"{type(self).__name__}: LifecycleAgentMixin needs a SimpleElasticAgent subclass "
                 "after it among the bases"
             )
+        # The spec's stable_slots (resilient): survivors keep their group rank (_slots.py).
+        # A spec without the parameter (the torch presets) keeps torch's numbering.
+        if self._lifecycle_params.get(STABLE_SLOTS_PARAM) is True:
+            install_stable_slots(self._worker_group.spec.rdzv_handler)
         # The lifecycle is built at run(); refuse what it would refuse now, at construction.
         timeout = self._exit_barrier_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:

@@ -71,6 +71,9 @@ FEATURES: dict[str, str] = {
     "bounded_store": "rendezvous-state store calls that end within the store's timeout; without "
                      "it a partitioned agent waits in them as long as the partition lasts, as "
                      "under torch (the job protocol's own calls stay bounded)",
+    "stable_slots": "stable rank slots (the spec parameter stable_slots): survivors keep their "
+                    "group rank across a membership change; without it ranks are renumbered "
+                    "every round, as in torch",
 }
 
 
@@ -198,6 +201,11 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
     *_points("bounded_store", "init", f"{_DYN}:_BackendRendezvousStateHolder", "_backend"),
     *_points("bounded_store", "init", f"{_C10D}:C10dRendezvousBackend", "_store"),
     *_points("bounded_store", "attr", f"{_C10D}:C10dRendezvousBackend", "_call_store"),
+    # _slots.py: the executor whose round completion is overridden
+    *_points("stable_slots", "attr", f"{_DYN}:_DistributedRendezvousOpExecutor",
+             "_mark_rendezvous_complete"),
+    *_points("stable_slots", "init", f"{_DYN}:DynamicRendezvousHandler", "_op_executor",
+             "_this_node", "_state_holder", "_settings"),
     # _reaper.py
     *_points("reaper", "init", f"{_MP}:SubprocessContext", "subprocess_handlers"),
     *_points("reaper", "init",
