@@ -209,6 +209,11 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
         from fsm_agent.torch._bounded import StoreCalls, bound_backend
 
         assert not bound_backend(handler, StoreCalls(1.0))
+    elif feature == "stable_slots":  # the handler keeps torch's executor and numbering
+        from fsm_agent.torch._slots import install_stable_slots
+
+        assert not install_stable_slots(handler)
+        assert type(handler._op_executor) is dyn._DistributedRendezvousOpExecutor
     else:  # pragma: no cover - a new feature needs its check here
         pytest.fail(f"no check for feature {feature!r}")
 
