@@ -292,8 +292,11 @@ def _budget_lines(spec: Spec, limits: Limits, params: Mapping[str, Any] | None) 
         rules = ", ".join(r["rules"]) or "none"
         out.append(f"  budget {r['name']}: {r['max']} {who} within {within}, counted by "
                    f"{'the job' if r['scope'] == 'job' else 'each agent'} (rules: {rules})")
-    out.append(f"  at most {sum(r['max'] for r in rows)} failure restarts in all (a failure "
-               "spends one budget: the crash loop below spends the one its failures match)")
+    endless = [r["name"] for r in rows if math.isinf(r["max"])]
+    total = (f"no limit on failure restarts in all (budget {', '.join(endless)} has no maximum)"
+             if endless else f"at most {sum(r['max'] for r in rows)} failure restarts in all")
+    out.append(f"  {total} (a failure spends one budget: the crash loop below spends the one "
+               "its failures match)")
     return out
 
 
@@ -336,8 +339,9 @@ def bounds_json(spec: Spec, results: list[Bound], limits: Limits,
                 params: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What ``fsm-agent check --bounds --format json`` prints for one spec (docs/cli.md).
 
-    Seconds are numbers; ``null`` for "never" (and ``restarts`` null: no limit); ``spent``
-    covers the ``simulated`` seconds (for a loop that never ends, where it was stopped).
+    Seconds are numbers; ``null`` for "never" (and ``restarts``, a budget's ``max``, null: no
+    limit); ``spent`` covers the ``simulated`` seconds (for a loop that never ends, where it was
+    stopped).
     Parameters are given as the command line writes them (``"1s"``, ``"inf"``, ``"[3, 4]"``),
     because JSON has no infinity.
     """
@@ -347,7 +351,8 @@ def bounds_json(spec: Spec, results: list[Bound], limits: Limits,
         "path": spec.path,
         "params": {k: format_param(spec.param(k).type, v) for k, v in sorted(values.items())},
         "limits": attrs.asdict(limits),
-        "budgets": [{**r, "window": None if math.isinf(r["window"]) else r["window"]}
+        "budgets": [{**r, "window": None if math.isinf(r["window"]) else r["window"],
+                     "max": None if math.isinf(r["max"]) else r["max"]}
                     for r in budget_rows(spec, limits, params)],
         "scenarios": [{"scenario": b.scenario, "restarts": b.restarts,
                        "gives_up_after": None if b.seconds is None else round(b.seconds, 6),

@@ -24,6 +24,7 @@ failure restart, of any budget (the attempt number torch's workers see);
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -55,16 +56,19 @@ def budget_used(ctx: Context, name: str) -> int:
     return sum(1 for t in times if t > horizon)
 
 
-def budget_left(ctx: Context, name: str) -> int:
-    """Restarts of budget ``name`` still allowed for the current failure."""
+def budget_left(ctx: Context, name: str) -> float:
+    """Restarts of budget ``name`` still allowed for the current failure (``inf`` for a
+    budget without a maximum)."""
     most, window = ctx.budget_limits[name]
     if ctx.restarts_withdrawn:
         return 0
+    if math.isinf(most):
+        return math.inf
     job = ctx.job_driver()
     if job is not None:
         # at least 1 when another agent already counted this round's failure (it rides along)
-        return int(job.job_restarts_left(most, window, budget=name))
-    return max(0, most - budget_used(ctx, name))
+        return int(job.job_restarts_left(int(most), window, budget=name))
+    return max(0, int(most) - budget_used(ctx, name))
 
 
 def _budget_left(budget: str) -> Callable[[Context], bool]:
@@ -78,7 +82,8 @@ def _consume_budget(budget: str) -> Callable[[Context], None]:
         if job is not None:
             # counted once for the job, atomically with the decision; raises TriggerInterrupt
             # (job_failed) when another round took the last restart since the guard looked
-            job.add_job_restart(most, window, budget=budget)
+            # (a budget without a maximum is still counted: the summary says how often)
+            job.add_job_restart(most, window, budget=budget)  # type: ignore[arg-type]
         else:
             times = ctx.budget_times.setdefault(budget, [])
             times.append(ctx.clock.now())

@@ -65,7 +65,7 @@ class Context:
     #: The spec's named budgets (``fsm_agent._budgets``): name -> (max, window seconds), and
     #: when each of their restarts was consumed / how many were (counted by this lifecycle;
     #: a job budget's counts are the driver's).
-    budget_limits: Mapping[str, tuple[int, float]] = attrs.field(factory=dict, repr=False)
+    budget_limits: Mapping[str, tuple[float, float]] = attrs.field(factory=dict, repr=False)
     budget_times: dict[str, list[float]] = attrs.field(factory=dict, repr=False)
     budget_counts: dict[str, int] = attrs.field(factory=dict, repr=False)
     #: When the workers were last started; None before the first start.

@@ -3,7 +3,8 @@
 One syntax everywhere a value is written: in a spec (``default: 10m``), on the command line
 (``--spec-param backoff_max=90s``) and in ``Lifecycle(..., params={...})``. Durations are seconds
 (``1.5``) or a number with a unit (``500ms``, ``5s``, ``10m``, ``2h``), ``inf`` meaning never;
-lists of integers are YAML lists, or ``[3,4]``/``3,4`` on the command line.
+a count is an integer >= 0 or ``inf`` (unlimited: a budget that never runs out); lists of
+integers are YAML lists, or ``[3,4]``/``3,4`` on the command line.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ __all__ = [
 ]
 
 #: The type names a parameter (or a guard's argument) may have.
-PARAM_TYPES: tuple[str, ...] = ("int", "float", "duration", "int_list", "str_list", "str", "bool")
+PARAM_TYPES: tuple[str, ...] = ("int", "count", "float", "duration", "int_list", "str_list", "str",
+                                 "bool")
 #: Values every spec may refer to by name: the agent's own settings, not spec parameters.
 BUILTIN_VALUES: Mapping[str, str] = {"max_restarts": "int", "exit_barrier_timeout": "duration"}
 
@@ -73,6 +75,16 @@ def coerce(type_name: str, value: Any) -> Any:
     if type_name == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             raise BadValue(f"expected an integer, got {kind_of(value)}")
+        return value
+    if type_name == "count":
+        if isinstance(value, str) and value.strip().lower() in ("inf", "infinity", "unlimited"):
+            return math.inf
+        if isinstance(value, float) and math.isinf(value) and value > 0:
+            return math.inf
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BadValue(f"expected a count (an integer >= 0, or inf), got {kind_of(value)}")
+        if value < 0:
+            raise BadValue(f"expected a count (an integer >= 0, or inf), got {value}")
         return value
     if type_name == "float":
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
@@ -114,6 +126,11 @@ def parse_text(type_name: str, text: str) -> Any:
             raw = int(raw, 10)
         except ValueError:
             raise BadValue(f"expected an integer, got {text!r}") from None
+    elif type_name == "count" and raw.lower() not in ("inf", "infinity", "unlimited"):
+        try:
+            raw = int(raw, 10)
+        except ValueError:
+            raise BadValue(f"expected a count (an integer >= 0, or inf), got {text!r}") from None
     elif type_name == "float":
         try:
             raw = float(raw)

@@ -12,6 +12,7 @@ conformance kit therefore see plain transitions; each carries its rule's name.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -112,12 +113,14 @@ def compile_policy(
 
 
 def budget_limits(spec: Spec, values: Mapping[str, Any], default_window: float
-                  ) -> dict[str, tuple[int, float]]:
-    """Each named budget's (max, window seconds) with ``values`` in force."""
+                  ) -> dict[str, tuple[float, float]]:
+    """Each named budget's (max, window seconds) with ``values`` in force; a max of ``inf``
+    is a budget that never runs out."""
     out = {}
     for b in spec.budgets:
         window = default_window if b.window is None else float(b.window.resolve(values))
-        out[b.name] = (int(b.max.resolve(values)), window)
+        most = b.max.resolve(values)
+        out[b.name] = (math.inf if math.isinf(most) else int(most), window)
     return out
 
 

@@ -227,7 +227,8 @@ class _Shape:
                 known = ", ".join([*self.params, *BUILTIN_VALUES])
                 self.problem(where, f"unknown parameter {raw!r} (known: {known})")
                 return None
-            if not (have == type_name or (have in _NUMERIC and type_name in _NUMERIC[1:])):
+            if not (have == type_name or (have in _NUMERIC and type_name in _NUMERIC[1:])
+                    or (have == "int" and type_name == "count")):
                 self.problem(where, f"parameter {raw!r} is a {have}; a {type_name} is needed here")
                 return None
             return Ref(name=raw)
@@ -504,12 +505,10 @@ class _Shape:
                 continue
             self._keys(decl, ("max", "window", "description"), w)
             if "max" not in decl:
-                self.problem(w, "missing required key 'max' (an int, or an int parameter)")
+                self.problem(w, "missing required key 'max' (a count: an integer >= 0 or inf, "
+                             "or an int or count parameter)")
                 continue
-            most = self._value(decl["max"], "int", (*w, "max"))
-            if most is not None and most.name is None and int(most.value) < 0:
-                self.problem((*w, "max"), f"expected a count >= 0, got {most.value}")
-                most = None
+            most = self._value(decl["max"], "count", (*w, "max"))
             window = (self._value(decl["window"], "duration", (*w, "window"))
                       if "window" in decl else None)
             if most is None or ("window" in decl and window is None):

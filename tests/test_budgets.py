@@ -124,7 +124,7 @@ def _bad(old: str, new: str) -> list[str]:
     ("  infra: {max: infra_max,", "  default: {max: infra_max,", "'default' is the default budget"),
     ("{max: infra_max, window: infra_window,", "{window: infra_window,",
      "missing required key 'max'"),
-    ("{max: infra_max,", "{max: -1,", "expected a count >= 0"),
+    ("{max: infra_max,", "{max: -1,", "expected a count (an integer >= 0, or inf), got -1"),
     ("{max: infra_max,", "{max: infra_window,", "parameter 'infra_window' is a duration"),
     ("description: failures of the machines}", "size: 3}", "unknown key 'size'"),
     ("guards:\n", "guards:\n  has_infra_restarts_left: {exit_code_in: [1]}\n",
@@ -208,3 +208,36 @@ def test_a_trace_with_named_budgets_replays_and_reports_them(tmp_path: Path) -> 
     assert (analysis.restarts_used, analysis.restart_budget) == (1, 1)
     assert analysis.budget_restarts == (("infra", 2),)
     assert "restarts: 1 of 1 used; budget infra: 2 used" in format_text(analysis)
+
+
+# -- a count parameter: a budget without a maximum (issue 19's node_replacements) -------------
+
+
+@pytest.mark.parametrize(("text", "value"), [("inf", float("inf")), ("4", 4), ("0", 0)])
+def test_a_count_parameter_takes_an_integer_or_inf_from_the_command_line(text: str,
+                                                                         value: float) -> None:
+    from fsm_agent._params import parse_text
+
+    assert parse_text("count", text) == value
+
+
+@pytest.mark.parametrize("text", ["-1", "2.5", "lots"])
+def test_a_count_parameter_refuses_what_is_not_a_count(text: str) -> None:
+    from fsm_agent._params import BadValue, parse_text
+
+    with pytest.raises(BadValue, match="expected a count"):
+        parse_text("count", text)
+
+
+def test_a_budget_with_no_maximum_never_runs_out_and_is_still_counted() -> None:
+    spec = MINI.replace("infra_max: {type: int, default: 2, min: 0}",
+                        "infra_max: {type: count, default: inf}")
+    lc, _ = _run([75] * 50, max_restarts=0, spec=spec)
+    assert not lc.done
+    assert lc.context.budget_counts["infra"] == 50
+    assert lc.context.restart_count == 50
+    assert lc.context.remaining_restarts == 0
+    lc, _ = _run([75] * 5, max_restarts=0, spec=spec, params={"infra_max": 2})
+    assert lc.done and lc.context.budget_counts["infra"] == 2
+    rows = bounds_json(parse_spec(spec), [], Limits(max_restarts=0), None)["budgets"]
+    assert [r["max"] for r in rows if r["name"] == "infra"] == [None]  # JSON: no limit

@@ -265,7 +265,7 @@ class LifecycleAgentMixin:
                 # another node's workers failed and it counted the restart for the job: this
                 # node restarts with it, without counting it again
                 logger.warning("[%s] %s's workers failed; restarting the worker group with it "
-                               "(counted once for the job: %d of %d used%s)", role, failed[0],
+                               "(counted once for the job: %d of %s used%s)", role, failed[0],
                                failed[1], failed[2], f" of budget {failed[3]}" if failed[3]
                                else "")
             else:
@@ -290,7 +290,7 @@ class LifecycleAgentMixin:
         within = "" if math.isinf(window) else f" within {window:g} s"
         return f"(budget {name}: {used} of {most} used{within}; not counted against max_restarts)"
 
-    def _fsm_failed_peer(self) -> tuple[str, int, int, str] | None:
+    def _fsm_failed_peer(self) -> tuple[str, int, float, str] | None:
         """The node whose failure of the current round the job counted (if not this one), the
         job's failure restarts so far of the budget it spent, that budget's maximum and its
         name ("" the default)."""
