@@ -25,6 +25,7 @@ from ._errors import WorkerGroupFailureException
 from ._health import ACTION_KINDS as HEALTH_ACTION_KINDS
 from ._health import GUARD_KINDS as HEALTH_GUARD_KINDS
 from ._matchers import ACTION_KINDS, GUARD_KINDS
+from ._peers import GUARDS as PEER_GUARDS
 from ._progress import GUARD_KINDS as PROGRESS_GUARD_KINDS
 from ._progress import note_attempt_start
 
@@ -142,6 +143,7 @@ BUDGET_GUARDS = frozenset({"has_restarts_left"})
 _BUILTIN_GUARDS: dict[str, Guard] = {
     "has_restarts_left": _has_restarts_left,
     "nodes_waiting": _nodes_waiting,
+    **PEER_GUARDS,
 }
 
 def _capture_stacks(ctx: Context) -> None:

@@ -349,6 +349,12 @@ class _Recorder:
         """Where training stands: the best step reported so far (no checkpoint source)."""
         return Mark(self.best_step)
 
+    def lost_peers(self) -> tuple[str, ...]:
+        """A lost node while the current tick says so (``Tick.peer_lost``); not recorded, as the
+        lifecycle asks at every failure."""
+        lost = 1 <= self.tick <= len(self.script) and self.script[self.tick - 1].peer_lost
+        return ("lost-node",) if lost else ()
+
     def last_observed(self) -> str | None:
         """What the latest monitor call observed (None before the first, or past the script)."""
         return self.script[self.tick - 1].observed if 1 <= self.tick <= len(self.script) else None
@@ -607,6 +613,9 @@ class _ScriptedHooks:
 
     def _fsm_progress_mark(self) -> Mark:
         return self._fsm_recorder.progress_mark()
+
+    def _fsm_lost_peers(self) -> tuple[str, ...]:
+        return self._fsm_recorder.lost_peers()
 
 
 def _entrypoint() -> None:  # the WorkerSpec needs one; nothing runs it
@@ -893,11 +902,12 @@ class _Profile:
     window: Callable[[RunConfig], float]  # the restart window a run's budget counts in
     drains: bool = False  # ticks may carry a preemption (the spec drains)
     progress: bool = False  # ticks may carry a progress step (the spec counts progress)
+    peers: bool = False  # failures may follow a lost node (the spec's policy asks peer_lost)
 
     def ticks(self, faults: bool = True) -> st.SearchStrategy[Tick]:
         """The ticks of this spec's scripts."""
         return ticks(faults=faults, timed=self.timed, drains=self.drains,
-                     progress=self.progress)
+                     progress=self.progress, peers=self.peers)
 
 
 #: Monitor intervals of timed runs: exact binary fractions, as the ticks' elapsed times are.
@@ -945,7 +955,7 @@ def _make_profile(spec: Any, fixed: tuple[tuple[str, Any], ...]) -> _Profile:
     if isinstance(spec, str) and spec in PRESETS:
         values: dict[str, Any] = dict(RESILIENT_PARAM_VALUES) if spec == "resilient" else {}
         defaults: dict[str, Any] = dict(RESILIENT_DEFAULTS) if spec == "resilient" else {}
-        timed = drains = progress = spec == "resilient"
+        timed = drains = progress = peers = spec == "resilient"
     else:
         from fsm_agent import load_spec
 
@@ -957,6 +967,8 @@ def _make_profile(spec: Any, fixed: tuple[tuple[str, Any], ...]) -> _Profile:
         # trigger the spec does not declare); progress for one whose guards count it
         drains = {"preempted", "drained"} <= set(loaded.triggers)
         progress = any(g.kind == "no_progress_restarts_at_least" for g in loaded.guard_defs)
+        peers = loaded.policy is not None and any(
+            "peer_lost" in r.when for r in loaded.policy.rules)
     unknown = sorted(set(dict(fixed)) - set(defaults))
     if unknown:
         if spec == "resilient":
@@ -967,14 +979,14 @@ def _make_profile(spec: Any, fixed: tuple[tuple[str, Any], ...]) -> _Profile:
         raise ValueError(f"spec {_spec_label(spec)!r} has no parameter {unknown[0]!r} (its "
                          f"parameters: {', '.join(sorted(defaults)) or 'none'})")
     if not timed:
-        return _Profile(run_configs(), False, _never, drains, progress)
+        return _Profile(run_configs(), False, _never, drains, progress, peers)
     for name, _ in fixed:
         values.pop(name, None)
     drawn = params(values, defaults) if values else None
     configs = run_configs(monitor_intervals=_TIMED_INTERVALS, param_sets=drawn)
     if fixed:
         configs = configs.map(lambda c: attrs.evolve(c, params=(*c.params, *fixed)))
-    return _Profile(configs, True, _window(spec), drains, progress)
+    return _Profile(configs, True, _window(spec), drains, progress, peers)
 
 
 # -- comparing -------------------------------------------------------------------------------
@@ -1172,6 +1184,7 @@ _EXTRA_COLUMNS: tuple[tuple[str, Callable[[Tick], str], str], ...] = (
     ("draw", lambda t: f"{t.draw:g}", "0.5"),
     ("step", lambda t: "-" if t.step is None else str(t.step), "-"),
     ("preempted after", lambda t: t.preemption_detail() or "-", "-"),
+    ("peer", lambda t: "lost" if t.peer_lost else "-", "-"),
 )
 
 

@@ -43,6 +43,11 @@ STOPPED                            group in <STATE> state")
   budget instead: ``infra_restarts`` restarts within any window of ``restart_window``,
   restarted after a backoff as any other failure, never counted against ``max_restarts``; with
   none of the infra budget left: stop; FAILED; return the FAILED result;
+* a failure that follows a lost node (``Tick.peer_lost``: the driver's ``lost_peers()`` names
+  one), whatever its exit codes, restarts at once (stop, the group reports STOPPED, rendezvous,
+  start, HEALTHY; no backoff) while fewer than ``node_replacements`` such restarts were made
+  (``inf``: always), never counted against ``max_restarts``; with none left: stop; FAILED;
+  return the FAILED result;
 * ``max_restarts`` failure restarts are allowed within any window of ``restart_window``: a
   restart counts while less than ``restart_window`` has passed since it (``inf``: the whole
   job, as torch); with none left: stop; FAILED; return the FAILED result (no exit barrier);
@@ -113,6 +118,7 @@ RESILIENT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "no_progress_restarts": 3,
     "infra_exit_codes": (),
     "infra_restarts": 3,
+    "node_replacements": math.inf,
 })
 
 #: One recorded call: ``("rendezvous",)``, ``("sleep", 0.1)``, ``("exit_barrier", 300.0)``,
@@ -234,6 +240,7 @@ class ReferenceRun:
         self.params: Mapping[str, Any] = MappingProxyType(p)
         self._restarts: list[float] = []  # when each failure restart was counted
         self._infra_restarts: list[float] = []  # the same, of the infra budget
+        self._replacements = 0  # restarts after a lost node (budget node_replacements)
         self._started_at: float | None = None  # when the workers were last started
         self._backoffs = 0  # backoffs since the last reset
         self._running = False  # whether the workers run (a drain of stopped ones ends at once)
@@ -349,7 +356,14 @@ class ReferenceRun:
             stalled = self.params.get("no_progress_restarts", 0)
             no_use = codes and all(c in no_retry for c in codes)  # retrying cannot help
             infra = codes and all(c in self.params.get("infra_exit_codes", ()) for c in codes)
-            if resilient and (no_use or 0 < stalled <= self.stalled_restarts):
+            if resilient and tick.peer_lost:
+                # another node was lost: its own budget, restarted at once, never max_restarts
+                if self._replacements < self.params["node_replacements"]:
+                    self._replacements += 1
+                    self._restart()
+                else:
+                    self._give_up(result, observed)
+            elif resilient and (no_use or 0 < stalled <= self.stalled_restarts):
                 # a no-retry failure, or no_progress_restarts restarts in a row without progress
                 self._give_up(result, observed, exit_code=self.params["no_requeue_exit_code"])
             elif resilient and infra:

@@ -140,7 +140,8 @@ class Tick:
     workers then end the drain (:data:`DRAIN_ENDS`; workers already stopped, in a backoff, are
     drained at once). ``step``: the training step the workers report by this tick's monitor call
     (``fsm_agent.progress``; None: nothing new), which the driver's ``progress_mark()`` gives as
-    the best step so far.
+    the best step so far. ``peer_lost``: another node of the job was lost by this tick's monitor
+    call (the driver's ``lost_peers()`` names one until the next tick).
     """
 
     observed: str = "HEALTHY"
@@ -154,6 +155,7 @@ class Tick:
     preempt: str | None = None
     drain: str = "exit0"
     step: int | None = None
+    peer_lost: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.observed not in _STATE_NAMES:
@@ -183,6 +185,8 @@ class Tick:
         if self.step is not None and (not isinstance(self.step, int)
                                       or isinstance(self.step, bool) or self.step < 0):
             raise ValueError(f"Tick.step must be None or a step number >= 0, got {self.step!r}")
+        if not isinstance(self.peer_lost, bool):
+            raise ValueError(f"Tick.peer_lost must be true or false, got {self.peer_lost!r}")
 
     def preemption_detail(self) -> str:
         """The preemption and how the drain ends, for the table ("" for none)."""
@@ -342,6 +346,8 @@ RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     "infra_exit_codes": ((), (1,), (3, 4)),
     "infra_restarts": (3, 0, 1),
     "backoff_reset_on_progress": (False, True),
+    # issue 19: failures after a lost node spend node_replacements (default: unlimited)
+    "node_replacements": (math.inf, 1, 0),
 }
 
 
@@ -405,6 +411,8 @@ def param_values_for(spec: Any) -> dict[str, tuple[Any, ...]]:
             candidates = [p.default, p.min, p.max, 0.0, 0.25, 0.5, 1.0, 2.0, 3.0]
         elif p.type == "int":
             candidates = [p.default, p.min, p.max, 0, 1, 3]
+        elif p.type == "count":
+            candidates = [p.default, p.min, p.max, 0, 1, 3, math.inf]
         elif p.type == "int_list":
             candidates = [tuple(p.default), (), (3,), (3, 4)]
         elif p.type == "bool":
@@ -416,7 +424,7 @@ def param_values_for(spec: Any) -> dict[str, tuple[Any, ...]]:
         kept: list[Any] = []
         for candidate in candidates:
             if candidate is None or (isinstance(candidate, float) and math.isinf(candidate)
-                                     and p.type != "duration"):
+                                     and p.type not in ("duration", "count")):
                 continue
             try:
                 value = p.check(list(candidate) if isinstance(candidate, tuple) else candidate)
@@ -510,6 +518,23 @@ def _events(drains: bool, progress: bool) -> st.SearchStrategy[_Events] | None:
         _STEPS if progress else (None,))))
 
 
+#: Whether a failed tick follows a lost node, for a spec whose policy asks (``peer_lost``):
+#: about one failure in six.
+_PEER_LOST: tuple[bool, ...] = (False,) * 5 + (True,)
+
+
+def _with_peer_lost(tick: Any, lost: bool) -> Any:
+    if tick is None or not lost or tick.observed not in ("FAILED", "UNHEALTHY"):
+        return tick
+    return attrs.evolve(tick, peer_lost=True)
+
+
+def _with_peers(strategy: st.SearchStrategy[Any], peers: bool) -> st.SearchStrategy[Any]:
+    if not peers:
+        return strategy
+    return st.tuples(strategy, st.sampled_from(_PEER_LOST)).map(lambda tl: _with_peer_lost(*tl))
+
+
 def _with_events(tick: Any, events: _Events) -> Any:
     preempt, drain, step = events
     if tick is None or (preempt, step) == (None, None):
@@ -521,22 +546,23 @@ def _with_events(tick: Any, events: _Events) -> Any:
 
 @functools.cache
 def ticks(*, faults: bool = True, timed: bool = False, drains: bool = False,
-          progress: bool = False) -> st.SearchStrategy[Tick]:
+          progress: bool = False, peers: bool = False) -> st.SearchStrategy[Tick]:
     """One tick: all seven observed states (failures with various exit codes, signals and error
     types), 0..2 nodes waiting, barrier ok/error/timeout, faults; with ``timed``, also virtual
     time passing during the tick and the random source's value; with ``drains``, sometimes a
-    preemption after it and how the drain ends; with ``progress``, sometimes a step reported."""
+    preemption after it and how the drain ends; with ``progress``, sometimes a step reported;
+    with ``peers``, sometimes a failure that follows a lost node (``Tick.peer_lost``)."""
     base = st.sampled_from(_tick_combinations(faults, timed))
     plain = st.tuples(base, _extras(timed)).map(lambda te: _with(*te))
     events = _events(drains, progress)
     if events is None:
-        return plain
-    return st.tuples(plain, events).map(lambda te: _with_events(*te))
+        return _with_peers(plain, peers)
+    return _with_peers(st.tuples(plain, events).map(lambda te: _with_events(*te)), peers)
 
 
 @functools.cache
 def ticks_or_end(*, faults: bool = True, timed: bool = False, drains: bool = False,
-                 progress: bool = False) -> st.SearchStrategy[Tick | None]:
+                 progress: bool = False, peers: bool = False) -> st.SearchStrategy[Tick | None]:
     """A tick, or ``None`` (about one draw in ten): the script ends here, the run still going.
 
     ``None`` comes first so that the shrinker can end a script early: without it, a script whose
@@ -547,18 +573,19 @@ def ticks_or_end(*, faults: bool = True, timed: bool = False, drains: bool = Fal
     plain = st.tuples(base, _extras(timed)).map(lambda te: _with(*te))
     events = _events(drains, progress)
     if events is None:
-        return plain
-    return st.tuples(plain, events).map(lambda te: _with_events(*te))
+        return _with_peers(plain, peers)
+    return _with_peers(st.tuples(plain, events).map(lambda te: _with_events(*te)), peers)
 
 
 def scripts(
     *, max_ticks: int = 16, faults: bool = True,
     configs: st.SearchStrategy[RunConfig] | None = None, timed: bool = False,
-    drains: bool = False, progress: bool = False,
+    drains: bool = False, progress: bool = False, peers: bool = False,
 ) -> st.SearchStrategy[tuple[RunConfig, tuple[Tick, ...]]]:
     """A whole script: a config and up to ``max_ticks`` ticks."""
     return st.tuples(
         configs if configs is not None else run_configs(),
-        st.lists(ticks(faults=faults, timed=timed, drains=drains, progress=progress),
+        st.lists(ticks(faults=faults, timed=timed, drains=drains, progress=progress,
+                       peers=peers),
                  max_size=max_ticks).map(tuple),
     )

@@ -339,6 +339,13 @@ class TorchDriver:
         the newest file under the spec's ``checkpoint_path``."""
         return self.agent._fsm_progress_mark()  # type: ignore[attr-defined, no-any-return]
 
+    def lost_peers(self) -> tuple[str, ...]:
+        """The nodes of the current round known to be lost (``fsm_agent._peers``): what the
+        agent's ``_fsm_lost_peers()`` says, a hook for a supervisor that learns of a lost machine
+        from its scheduler; none when the agent has no such hook."""
+        ask = getattr(self.agent, "_fsm_lost_peers", None)
+        return tuple(ask()) if ask is not None else ()
+
     def note_progress(self, verdict: dict[str, Any]) -> None:
         """Record whether the attempt that just failed made progress (for the trace)."""
         self.agent._fsm_note("progress", verdict)  # type: ignore[attr-defined]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import re
 import signal
 from pathlib import Path
@@ -290,3 +291,61 @@ def test_an_off_by_one_no_progress_count_differs_at_the_give_up(rejection: Any) 
         # the last tick: one side restarts or gives up plainly, the other gives up with 93
         assert differing or "exit code" in differs_in, text
         assert "FAILED" in _rows(text)[-1] or "FAILED" in _rows(text)[-2], text
+
+
+# -- a failure after a lost node (issue 19, item 3) -------------------------------------------
+
+
+@pytest.mark.parametrize(("target", "spec"), TARGETS, ids=TARGET_IDS)
+@pytest.mark.parametrize("replacements", [math.inf, 1, 0])
+def test_a_failure_after_a_lost_node_restarts_at_once_without_spending_max_restarts(
+        target: Any, spec: Any, replacements: float) -> None:
+    config = RunConfig(max_restarts=0, monitor_interval=0.5,
+                       params={"node_replacements": replacements})
+    script = [Tick("FAILED", peer_lost=True), Tick("FAILED", peer_lost=True)]
+    trace = _check(target, spec, config, script)
+    calls = [e[0] for e in trace.events if e[0] not in ("put_metric", "sleep")]
+    restarts = min(2, int(min(replacements, 2)))
+    # each restart is stop, rendezvous, start at once: no backoff's sleep between them
+    assert calls == ["rendezvous", "start_workers",
+                     *["monitor", "stop_workers", "rendezvous", "start_workers"] * restarts,
+                     *(["monitor", "stop_workers"] if restarts < 2 else ["monitor"])]
+    assert trace.remaining_restarts == 0
+    if restarts < 2:
+        assert isinstance(trace.outcome, Returned) and trace.outcome.state == "FAILED"
+    else:
+        assert isinstance(trace.outcome, Pending)
+
+
+def test_generated_scripts_reach_lost_node_restarts_and_their_budget_running_out() -> None:
+    profile = _profile("resilient")
+    oracle = _oracle("resilient")
+    seen: collections.Counter[str] = collections.Counter()
+
+    class Enough(Exception):
+        """Both kinds were seen 3 times."""
+
+    @hypothesis_seed(0)
+    @settings(max_examples=4000, database=None, deadline=None, phases=[Phase.generate])
+    @given(st.data())
+    def draw(data: Any) -> None:
+        config, script, _ = draw_case(data, oracle, configs=profile.configs,
+                                      timed=True, tick_strategy=profile.ticks())
+        run = ReferenceRun("resilient", config)
+        run.start()
+        for tick in script:
+            if run.outcome is not None:
+                break
+            before = run._replacements
+            run.tick(tick)
+            if tick.peer_lost and run.outcome is None and run._replacements > before:
+                seen["restart after a lost node"] += 1
+            elif tick.peer_lost and isinstance(run.outcome, Returned):
+                seen["node_replacements spent"] += 1
+        if all(seen[k] >= 3 for k in ("restart after a lost node", "node_replacements spent")):
+            raise Enough
+
+    with contextlib.suppress(Enough):
+        draw()
+    assert seen["restart after a lost node"] >= 3, seen
+    assert seen["node_replacements spent"] >= 3, seen
