@@ -201,7 +201,10 @@ def test_the_time_limit_warning_drains_and_the_script_requeues_the_job(
     assert f"srun exited {PREEMPTED_USR1}" in text(tmp_path / "batch.log"), why
     assert (f"fsm-agent run: preempted (received SIGUSR1); workers drained "
             f"(exit {PREEMPTED_USR1})") in text(tmp_path / "agent.log"), why
-    assert state["JobState"] == "PENDING" and state["Restarts"] == "1", why
+    # Each run of the requeued job gets its own warning soon after it starts (the limit is
+    # still 1 min), so on a loaded machine the job may have gone round more than once by the
+    # time we look: requeued at least once is the script's doing.
+    assert state["JobState"] == "PENDING" and int(state["Restarts"]) >= 1, why
 
 
 @pytest.mark.slow

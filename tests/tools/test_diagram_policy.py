@@ -74,25 +74,31 @@ def test_resilient_policy_is_one_choice_point_with_numbered_rules() -> None:
     assert "UNHEALTHY --> failure_policy : always" in edges
     # Out of it: each rule once (not once per source), the restart split on the budget guard,
     # without the negations of earlier rules (the numbers say the order).
-    assert ("failure_policy --> FAILED : 1. no_retry [no_retry_exit] / no_requeue, "
+    # a lost peer restarts at once (no backoff) while node_replacements lasts
+    assert ("failure_policy --> STOPPED : 1. peer_lost [peer_lost & "
+            "has_node_replacements_restarts_left] / consume_node_replacements_restart, "
+            "stop_workers") in edges
+    assert ("failure_policy --> FAILED : 1. peer_lost [peer_lost & "
+            "!has_node_replacements_restarts_left] / announce_failure, stop_workers") in edges
+    assert ("failure_policy --> FAILED : 2. no_retry [no_retry_exit] / no_requeue, "
             "announce_failure, stop_workers") in edges
-    assert ("failure_policy --> FAILED : 2. no_progress [stalled] / no_requeue, "
+    assert ("failure_policy --> FAILED : 3. no_progress [stalled] / no_requeue, "
             "announce_failure, stop_workers") in edges
     # a rule with a budget of its own splits on that budget's guard and spends its action
-    assert ("failure_policy --> BACKOFF : 3. infra [infra_exit & has_infra_restarts_left] / "
+    assert ("failure_policy --> BACKOFF : 4. infra [infra_exit & has_infra_restarts_left] / "
             "consume_infra_restart, stop_workers") in edges
-    assert ("failure_policy --> FAILED : 3. infra [infra_exit & !has_infra_restarts_left] / "
+    assert ("failure_policy --> FAILED : 4. infra [infra_exit & !has_infra_restarts_left] / "
             "announce_failure, stop_workers") in edges
-    assert ("failure_policy --> BACKOFF : 4. retry [has_restarts_left] / consume_restart, "
+    assert ("failure_policy --> BACKOFF : 5. retry [has_restarts_left] / consume_restart, "
             "stop_workers") in edges
-    assert ("failure_policy --> FAILED : 4. retry [!has_restarts_left] / announce_failure, "
+    assert ("failure_policy --> FAILED : 5. retry [!has_restarts_left] / announce_failure, "
             "stop_workers") in edges
-    # The twelve compiled transitions are drawn as eight edges, none straight from a source.
+    # The compiled transitions are drawn as ten edges, none straight from a source.
     # (HEALTHY's other way to FAILED is job_failed: another agent of the job gave up.)
     assert [e for e in edges if e.startswith(("HEALTHY --> FAILED", "UNHEALTHY --> FAILED",
                                               "HEALTHY --> BACKOFF", "UNHEALTHY --> BACKOFF"))
             ] == ["HEALTHY --> FAILED : job_failed / stop_workers"]
-    assert len([e for e in edges if "failure_policy" in e]) == 8
+    assert len([e for e in edges if "failure_policy" in e]) == 10
 
 
 def test_resilient_states_show_their_timer_and_reported_state() -> None:
@@ -147,14 +153,18 @@ def test_dot_of_resilient() -> None:
     assert "failure" in choice.attr["xlabel"]
     out = {(e[1], e.attr["label"]) for e in graph.out_edges("failure_policy")}
     assert out == {
-        ("FAILED", "1. no_retry [no_retry_exit]\\n/ no_requeue, announce_failure, stop_workers"),
-        ("FAILED", "2. no_progress [stalled]\\n/ no_requeue, announce_failure, stop_workers"),
-        ("BACKOFF", "3. infra [infra_exit & has_infra_restarts_left]\\n/ consume_infra_restart, "
+        ("STOPPED", "1. peer_lost [peer_lost & has_node_replacements_restarts_left]\\n"
+                    "/ consume_node_replacements_restart, stop_workers"),
+        ("FAILED", "1. peer_lost [peer_lost & !has_node_replacements_restarts_left]\\n"
+                   "/ announce_failure, stop_workers"),
+        ("FAILED", "2. no_retry [no_retry_exit]\\n/ no_requeue, announce_failure, stop_workers"),
+        ("FAILED", "3. no_progress [stalled]\\n/ no_requeue, announce_failure, stop_workers"),
+        ("BACKOFF", "4. infra [infra_exit & has_infra_restarts_left]\\n/ consume_infra_restart, "
                     "stop_workers"),
-        ("FAILED", "3. infra [infra_exit & !has_infra_restarts_left]\\n/ announce_failure, "
+        ("FAILED", "4. infra [infra_exit & !has_infra_restarts_left]\\n/ announce_failure, "
                    "stop_workers"),
-        ("BACKOFF", "4. retry [has_restarts_left]\\n/ consume_restart, stop_workers"),
-        ("FAILED", "4. retry [!has_restarts_left]\\n/ announce_failure, stop_workers"),
+        ("BACKOFF", "5. retry [has_restarts_left]\\n/ consume_restart, stop_workers"),
+        ("FAILED", "5. retry [!has_restarts_left]\\n/ announce_failure, stop_workers"),
     }
     assert {(e[0], e.attr["label"]) for e in graph.in_edges("failure_policy")} == {
         ("HEALTHY", "failed"), ("UNHEALTHY", "always")}
@@ -209,11 +219,11 @@ def test_trace_highlights_rule_and_timeout_edges(tmp_path: Path, capsys) -> None
     # failed twice from HEALTHY, always once from UNHEALTHY; the rule edges add up across both.
     assert "HEALTHY --> failure_policy : failed ✔ 2×" in edges
     assert "UNHEALTHY --> failure_policy : always ✔ 1×" in edges
-    assert ("failure_policy --> BACKOFF : 4. retry [has_restarts_left] / consume_restart, "
+    assert ("failure_policy --> BACKOFF : 5. retry [has_restarts_left] / consume_restart, "
             "stop_workers ✔ 2×") in edges
-    assert ("failure_policy --> FAILED : 1. no_retry [no_retry_exit] / no_requeue, "
+    assert ("failure_policy --> FAILED : 2. no_retry [no_retry_exit] / no_requeue, "
             "announce_failure, stop_workers ✔ 1×") in edges
-    assert ("failure_policy --> FAILED : 4. retry [!has_restarts_left] / announce_failure, "
+    assert ("failure_policy --> FAILED : 5. retry [!has_restarts_left] / announce_failure, "
             "stop_workers") in edges
     assert "BACKOFF --> HEALTHY : timeout [node_healthy] / rendezvous, start_workers ✔ 2×" in edges
     # The legend shows the values the run used, from the trace's header.

@@ -56,13 +56,13 @@ def test_a_rule_added_removed_and_its_outcome_changed() -> None:
     added = parse_spec(WITH_CRASH_LOOP, path="added.yaml")
     assert changes(base, added) == [
         ("added", "rule", "crash_loop",
-         ("rule 2: when crash_loop then give_up (to FAILED / announce_failure, stop_workers)",)),
+         ("rule 3: when crash_loop then give_up (to FAILED / announce_failure, stop_workers)",)),
         ("added", "guard", "crash_loop",
          ("consecutive_failures_at_least(count=3, min_uptime=60s)",)),
     ]
     assert changes(added, base)[0] == (
         "removed", "rule", "crash_loop",
-        ("rule 2: when crash_loop then give_up (to FAILED / announce_failure, stop_workers)",))
+        ("rule 3: when crash_loop then give_up (to FAILED / announce_failure, stop_workers)",))
     plain = derived(("      then: give_up_no_requeue\n", "      then: give_up\n"))
     assert changes(base, plain) == [
         ("changed", "rule", "no_retry",
@@ -82,8 +82,9 @@ def test_rules_reordered_renamed_and_their_condition_changed() -> None:
         base=WITH_CRASH_LOOP)
     assert changes(base, swapped) == [
         ("changed", "policy", "failure_policy",
-         ("rules reordered: no_retry, crash_loop, no_progress, infra, retry -> crash_loop, "
-          "no_retry, no_progress, infra, retry (the first rule that matches decides)",)),
+         ("rules reordered: peer_lost, no_retry, crash_loop, no_progress, infra, retry -> "
+          "peer_lost, crash_loop, no_retry, no_progress, infra, retry (the first rule that "
+          "matches decides)",)),
     ]
     renamed = derived(("    - name: crash_loop\n", "    - name: looping\n"),
                       base=WITH_CRASH_LOOP)
@@ -190,19 +191,25 @@ def test_torchrun_against_resilient_compares_the_table_edge_by_edge() -> None:
     # its rule; the table itself is listed with its rules.
     assert ("removed", "transition", "HEALTHY --failed [has_restarts_left]--> STOPPED / "
             "consume_restart, stop_workers") in names
-    assert ("added", "transition", "HEALTHY --failed [no_retry_exit]--> FAILED (rule no_retry) "
-            "/ no_requeue, announce_failure, stop_workers") in names
+    # a rule's compiled guard carries the negations of the rules before it
+    assert ("added", "transition", "HEALTHY --failed [no_retry_exit & !peer_lost]--> FAILED "
+            "(rule no_retry) / no_requeue, announce_failure, stop_workers") in names
+    assert ("added", "transition", "HEALTHY --failed [has_node_replacements_restarts_left & "
+            "peer_lost]--> STOPPED (rule peer_lost) / consume_node_replacements_restart, "
+            "stop_workers") in names
     (policy,) = [c for c in d.changes if c.element == "policy"]
     assert policy.kind == "added"
     assert policy.details == (
         "decides on failed in HEALTHY, always in UNHEALTHY",
-        "rule 1: when no_retry_exit then give_up_no_requeue (to FAILED / no_requeue, "
+        "rule 1: when peer_lost then restart (to STOPPED / consume_node_replacements_restart, "
+        "stop_workers), spending budget node_replacements",
+        "rule 2: when no_retry_exit then give_up_no_requeue (to FAILED / no_requeue, "
         "announce_failure, stop_workers)",
-        "rule 2: when stalled then give_up_no_requeue (to FAILED / no_requeue, "
+        "rule 3: when stalled then give_up_no_requeue (to FAILED / no_requeue, "
         "announce_failure, stop_workers)",
-        "rule 3: when infra_exit then restart_after_backoff (to BACKOFF / consume_infra_restart, "
+        "rule 4: when infra_exit then restart_after_backoff (to BACKOFF / consume_infra_restart, "
         "stop_workers), spending budget infra",
-        "rule 4: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
+        "rule 5: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
         "stop_workers)")
     (backoff,) = [c for c in d.changes if (c.element, c.name) == ("state", "BACKOFF")]
     assert backoff.kind == "added" and backoff.details[0] == "reports STOPPED"

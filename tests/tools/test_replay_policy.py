@@ -74,7 +74,8 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
                                 "drain_timeout": "25s", "preempted_exit_code": "0",
                                 "checkpoint_path": "", "no_progress_restarts": "3",
                                 "infra_exit_codes": "[]", "infra_restarts": "3",
-                                "backoff_reset_on_progress": "false"}
+                                "backoff_reset_on_progress": "false",
+                                "stable_slots": "true", "node_replacements": "inf"}
     recs = steps(path)
     failed = [r for r in recs if r["trigger"] == "failed"]
     assert [(r["dest"], r["rule"]) for r in failed] == [("BACKOFF", "retry")] * 3 + [
@@ -174,7 +175,8 @@ def test_wrong_rule_is_rejected(tmp_path: Path) -> None:
     assert not res.ok and res.divergence is not None
     rule_line = load_spec("resilient").outgoing("HEALTHY", "failed")[-1].line
     assert res.divergence.message.endswith(
-        "the trace says rule 'no_retry' decided, but with no_retry_exit=False, stalled=False, "
+        "the trace says rule 'no_retry' decided, but with peer_lost=False, no_retry_exit=False, "
+        "stalled=False, "
         f"infra_exit=False, has_restarts_left=True the spec's rule 'retry' (line {rule_line}) "
         "decides")
     # A rule named on a plain transition, and none named on a rule's.
