@@ -20,9 +20,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._context import Context, Guard
 
-__all__ = ["GUARDS", "lost_peers"]
+__all__ = ["GUARDS", "PEER_LOST_GUARD", "lost_peers"]
 
 log = logging.getLogger("fsm_agent")
+
+#: The built-in guard's name.
+PEER_LOST_GUARD = "peer_lost"
 
 
 def lost_peers(ctx: Context) -> tuple[str, ...]:
@@ -42,4 +45,4 @@ def _peer_lost(ctx: Context) -> bool:
     return bool(lost)
 
 
-GUARDS: dict[str, Guard] = {"peer_lost": _peer_lost}
+GUARDS: dict[str, Guard] = {PEER_LOST_GUARD: _peer_lost}

@@ -28,6 +28,7 @@ from fsm_agent._budgets import DEFAULT_BUDGET, budget_used
 from fsm_agent._drain import PREEMPTED_TRIGGER
 from fsm_agent._job import LINGER_TIMEOUT
 from fsm_agent._params import bind_params
+from fsm_agent._peers import PEER_LOST_GUARD
 from fsm_agent._policy import rule_budgets
 from fsm_agent._progress import (
     PROGRESS_DIR_ENV,
@@ -54,6 +55,7 @@ from fsm_agent.torch._hang import (
 )
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
 from fsm_agent.torch._job import JOB_FAILED, STORE_ERRORS, AgentJob
+from fsm_agent.torch._peers import PeerWatch, install_peer_watch
 from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
@@ -162,6 +164,12 @@ class LifecycleAgentMixin:
         # A spec without the parameter (the torch presets) keeps torch's numbering.
         if self._lifecycle_params.get(STABLE_SLOTS_PARAM) is True:
             install_stable_slots(self._worker_group.spec.rdzv_handler)
+        # A policy that asks peer_lost (resilient) gets its answer from torch's keep-alive
+        # (_peers.py); the torch presets never ask, and their handler stays untouched.
+        self._fsm_peer_watch: PeerWatch | None = None
+        if any(PEER_LOST_GUARD in t.guards or PEER_LOST_GUARD in t.unless
+               for t in spec.transitions):
+            self._fsm_peer_watch = install_peer_watch(self._worker_group.spec.rdzv_handler)
         # The lifecycle is built at run(); refuse what it would refuse now, at construction.
         timeout = self._exit_barrier_timeout
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
@@ -603,6 +611,14 @@ class LifecycleAgentMixin:
         with fast_rendezvous(worker_group.spec.rdzv_handler, first=first,
                              poll=self._fsm_rendezvous_poll):
             super()._rendezvous(worker_group)  # type: ignore[misc]
+        if self._fsm_peer_watch is not None:
+            self._fsm_peer_watch.round_started()
+
+    def _fsm_lost_peers(self) -> tuple[str, ...]:
+        """The peers of this round torch's keep-alive says are lost (the guard ``peer_lost``;
+        a subclass may add what its scheduler knows)."""
+        watch = self._fsm_peer_watch
+        return watch.lost() if watch is not None else ()
 
     def _fsm_rendezvous_poll(self) -> None:
         """Between two looks at the rendezvous state (torch's join loop): what it raises ends

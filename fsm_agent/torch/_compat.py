@@ -74,6 +74,9 @@ FEATURES: dict[str, str] = {
     "stable_slots": "stable rank slots (the spec parameter stable_slots): survivors keep their "
                     "group rank across a membership change; without it ranks are renumbered "
                     "every round, as in torch",
+    "peer_watch": "lost peers read off the rendezvous keep-alive (the guard peer_lost); without "
+                  "it a failure that follows a lost node is classified as any other failure, "
+                  "as in torch",
 }
 
 
@@ -206,6 +209,14 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "_mark_rendezvous_complete"),
     *_points("stable_slots", "init", f"{_DYN}:DynamicRendezvousHandler", "_op_executor",
              "_this_node", "_state_holder", "_settings"),
+    # _peers.py: the state holder's dead-node sweep, wrapped, and its state read afresh
+    *_points("peer_watch", "attr", f"{_DYN}:_BackendRendezvousStateHolder", "_sanitize"),
+    *_points("peer_watch", "init", f"{_DYN}:_BackendRendezvousStateHolder", "_dead_nodes",
+             "_last_sync_time"),
+    *_points("peer_watch", "init", f"{_DYN}:_RendezvousState", "participants",
+             "last_heartbeats"),
+    *_points("peer_watch", "init", f"{_DYN}:DynamicRendezvousHandler", "_heartbeat_lock",
+             "_state_holder", "_this_node", "_settings"),
     # _reaper.py
     *_points("reaper", "init", f"{_MP}:SubprocessContext", "subprocess_handlers"),
     *_points("reaper", "init",

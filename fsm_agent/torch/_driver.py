@@ -341,8 +341,9 @@ class TorchDriver:
 
     def lost_peers(self) -> tuple[str, ...]:
         """The nodes of the current round known to be lost (``fsm_agent._peers``): what the
-        agent's ``_fsm_lost_peers()`` says, a hook for a supervisor that learns of a lost machine
-        from its scheduler; none when the agent has no such hook."""
+        agent's ``_fsm_lost_peers()`` says (the mixin's reads torch's rendezvous keep-alive,
+        ``fsm_agent.torch._peers``; a supervisor that learns of a lost machine from its scheduler
+        overrides it); none when the agent has no such hook."""
         ask = getattr(self.agent, "_fsm_lost_peers", None)
         return tuple(ask()) if ask is not None else ()
 

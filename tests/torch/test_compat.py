@@ -214,6 +214,11 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
 
         assert not install_stable_slots(handler)
         assert type(handler._op_executor) is dyn._DistributedRendezvousOpExecutor
+    elif feature == "peer_watch":  # the state holder keeps torch's sweep, unwatched
+        from fsm_agent.torch._peers import install_peer_watch
+
+        assert install_peer_watch(handler) is None
+        assert "_sanitize" not in vars(handler._state_holder)
     else:  # pragma: no cover - a new feature needs its check here
         pytest.fail(f"no check for feature {feature!r}")
 

@@ -48,7 +48,8 @@ def store() -> Iterator[Any]:
     del server
 
 
-def _handler(store: Any, run_id: str, stable: bool) -> Any:
+def _handler(store: Any, run_id: str, stable: bool, *, attempts: int = 2) -> Any:
+    """One of three nodes' c10d handler, keep-alive every 1 s, dropped after ``attempts``."""
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
@@ -61,7 +62,7 @@ def _handler(store: Any, run_id: str, stable: bool) -> Any:
         local_addr="127.0.0.1",
         timeout=dyn.RendezvousTimeout(join=timedelta(seconds=30),
                                       last_call=timedelta(seconds=1)),
-        keep_alive_interval=1, keep_alive_max_attempt=2)
+        keep_alive_interval=1, keep_alive_max_attempt=attempts)
     if stable:
         assert install_stable_slots(handler)
     return handler
@@ -118,29 +119,36 @@ def test_survivors_keep_their_rank_and_a_newcomer_takes_the_lost_one(
             h._stop_heartbeats()
 
 
-def test_the_torch_presets_keep_torchs_executor_and_resilient_gets_slots() -> None:
+@contextlib.contextmanager
+def built_agent(preset: str, params: dict[str, Any] | None = None) -> Iterator[tuple[Any, Any]]:
+    """An agent of ``preset`` on a fresh single-node c10d handler (not run): (agent, handler)."""
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
     from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 
     from fsm_agent.torch import FSMElasticAgent
 
+    rdzv = RendezvousParameters(backend="c10d", endpoint="localhost:0",
+                                run_id=uuid.uuid4().hex, min_nodes=1, max_nodes=1)
+    handler = rdzv_registry.get_rendezvous_handler(rdzv)
+    spec = WorkerSpec(role="trainer", local_world_size=1, entrypoint="true",
+                      rdzv_handler=handler, max_restarts=0)
+    try:
+        yield FSMElasticAgent(spec, logs_specs=DefaultLogsSpecs(), lifecycle_spec=preset,
+                              lifecycle_params=params), handler
+    finally:
+        handler.shutdown()
+
+
+def test_the_torch_presets_keep_torchs_executor_and_resilient_gets_slots() -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+
     kinds = {}
     for preset, params in (("torchrun", None), ("torchelastic", None), ("resilient", None),
                            ("resilient", {"stable_slots": False})):
-        rdzv = RendezvousParameters(backend="c10d", endpoint="localhost:0",
-                                    run_id=uuid.uuid4().hex, min_nodes=1, max_nodes=1)
-        handler = rdzv_registry.get_rendezvous_handler(rdzv)
-        spec = WorkerSpec(role="trainer", local_world_size=1, entrypoint="true",
-                          rdzv_handler=handler, max_restarts=0)
-        try:
-            FSMElasticAgent(spec, logs_specs=DefaultLogsSpecs(), lifecycle_spec=preset,
-                            lifecycle_params=params)
+        with built_agent(preset, params) as (_, handler):
             kinds[preset, bool(params)] = type(handler._op_executor).__name__
-        finally:
-            handler.shutdown()
     plain = dyn._DistributedRendezvousOpExecutor.__name__
     assert kinds == {("torchrun", False): plain, ("torchelastic", False): plain,
                      ("resilient", False): "SlotsOpExecutor", ("resilient", True): plain}
@@ -164,6 +172,27 @@ def _kill_node(job: Job) -> None:
     for rec in job.records("slot_*.json"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(int(rec["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+
+
+Record = dict[str, Any]
+
+
+def lose_rank_0(first: list[Job], spare: Job) -> tuple[dict[Job, Record], Job, Job, Record,
+                                                       Record]:
+    """Kill the node of ``first`` (two nodes) in group rank 0 while ``spare`` waits; wait for
+    the spare's workers and the survivor's next ones. Returns (first ranks by node, the lost
+    node, the survivor, the spare's record, the survivor's new record)."""
+    ranks = {job: job.records("slot_*.json")[0] for job in first}
+    lost = next(j for j in first if ranks[j]["group_rank"] == 0)
+    survivor = next(j for j in first if j is not lost)
+    _kill_node(lost)
+    got = spare.wait_for("slot_*.json", 1, 60)[0]
+    deadline = time.monotonic() + 30
+    while len(survivor.records("slot_*.json")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    again = max(survivor.records("slot_*.json"), key=lambda r: r["time"])  # type: ignore[arg-type, return-value]
+    assert again["pid"] != ranks[survivor]["pid"], survivor.output[-3000:]
+    return ranks, lost, survivor, got, again
 
 
 @pytest.mark.timeout(120)
@@ -193,17 +222,8 @@ def test_a_spare_takes_the_lost_nodes_ranks_and_the_survivor_keeps_its_own(
     spare = jobs.start(args, env=env, name="node_c")
     time.sleep(3)  # C waits as a spare (torch's redundancy list): no restart of A and B
     assert not spare.records("slot_*.json")
-    ranks = {job: job.records("slot_*.json")[0] for job in first}
     # lose the node of group rank 0: torch would then renumber the survivor to 0
-    lost = next(j for j in first if ranks[j]["group_rank"] == 0)
-    survivor = next(j for j in first if j is not lost)
-    _kill_node(lost)
-    got = spare.wait_for("slot_*.json", 1, 60)[0]
-    deadline = time.monotonic() + 30
-    while len(survivor.records("slot_*.json")) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    again = max(survivor.records("slot_*.json"), key=lambda r: r["time"])  # type: ignore[arg-type, return-value]
-    assert again["pid"] != ranks[survivor]["pid"], survivor.output[-3000:]
+    ranks, lost, survivor, got, again = lose_rank_0(first, spare)
     if stable:
         assert (got["group_rank"], got["rank"]) == \
             (ranks[lost]["group_rank"], ranks[lost]["rank"])

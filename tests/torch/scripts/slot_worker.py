@@ -8,14 +8,21 @@ import json
 import os
 import time
 
-env = os.environ
-record = {"pid": os.getpid(), "group_rank": int(env["GROUP_RANK"]), "rank": int(env["RANK"]),
-          "world_size": int(env["WORLD_SIZE"]),
-          "attempt": int(env["TORCHELASTIC_RESTART_COUNT"]), "time": time.time()}
-path = os.path.join(env["OUT_DIR"], f"slot_{os.getpid()}.json")
-with open(path + ".tmp", "w") as f:
-    json.dump(record, f)
-os.replace(path + ".tmp", path)
-deadline = time.monotonic() + 120
-while not os.path.exists(env["STOP_FILE"]) and time.monotonic() < deadline:
-    time.sleep(0.1)
+
+def write_record() -> None:
+    """``slot_{pid}.json`` in OUT_DIR: this worker's ranks (also used by allreduce_worker)."""
+    env = os.environ
+    record = {"pid": os.getpid(), "group_rank": int(env["GROUP_RANK"]),
+              "rank": int(env["RANK"]), "world_size": int(env["WORLD_SIZE"]),
+              "attempt": int(env["TORCHELASTIC_RESTART_COUNT"]), "time": time.time()}
+    path = os.path.join(env["OUT_DIR"], f"slot_{os.getpid()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    write_record()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(os.environ["STOP_FILE"]) and time.monotonic() < deadline:
+        time.sleep(0.1)

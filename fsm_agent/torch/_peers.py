@@ -1,0 +1,171 @@
+"""Lost peers from torch's own rendezvous keep-alive: the torch driver's answer to the built-in
+guard ``peer_lost`` (``fsm_agent._peers``; issue 19, item 3).
+
+torch's behaviour (2.13, ``dynamic_rendezvous.py``): every agent's handler writes its heartbeat
+(``_RendezvousState.last_heartbeats[node]``, a UTC time) into the rendezvous state every
+``keep_alive_interval`` (5 s by default) from a timer thread. Whenever any agent syncs the
+state, ``_BackendRendezvousStateHolder._sanitize`` drops the nodes whose heartbeat is older than
+``keep_alive_interval * keep_alive_max_attempt`` (15 s by default): they are listed in the
+holder's ``_dead_nodes`` for that one sync, and removed from the state, which the next write of
+that agent (its own keep-alive, at the latest) stores for everyone. After that write no agent can
+tell a node that died from one that left: both are simply absent.
+
+What this adds, on a resilient agent (the spec's policy asks ``peer_lost``):
+
+- :class:`PeerWatch` wraps the holder's ``_sanitize`` (an instance attribute, torch's method
+  still does the work): the nodes it drops are recorded on the state itself, in the extra
+  attribute ``lost`` (node -> UTC time; kept an hour), which travels with the pickled state
+  through torch's compare-and-set writes. So the loss survives whichever agent sanitized first.
+- after each completed rendezvous round the agent notes the round's other participants
+  (:meth:`PeerWatch.round_started`);
+- when the workers fail, the guard asks :meth:`PeerWatch.lost`. It reads the state afresh
+  (never torch's cached copy) until every peer of the round is accounted for: **lost** when it is in
+  ``lost`` or ``_dead_nodes``; **alive** when its heartbeat changed since the first look (a
+  heartbeat is compared with the peer's own earlier one, never with this machine's clock) or it
+  is no longer in the state with no loss recorded (it left the round: a peer restarting its
+  workers starts with torch's exit op). It answers as soon as one peer is lost, and at the latest
+  after ``keep_alive_interval * (keep_alive_max_attempt + 1) + 1`` s (21 s with torch's
+  defaults of 5 s and 3; 5 s with ``keep_alive_interval=1,keep_alive_max_attempt=3``), the
+  bound docs/multinode.md states: a peer that has not beaten by then would have been dropped.
+
+A failure of a multi-node resilient job therefore waits until its peers are accounted for
+before its rule is chosen: typically one ``keep_alive_interval`` (the peers' next heartbeat),
+at worst the bound. A single-node round has no peers and asks nothing.
+
+Limits: every agent of the job must run the watch (an agent without it that sanitizes first and
+writes leaves no ``lost`` record: the loss then reads as a peer that left, and the failure
+spends the user's budget, as under torch); the answer is only as good as torch's keep-alive (a
+peer whose agent is alive while its machine is unusable is not lost).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from fsm_agent.torch._compat import enabled
+
+__all__ = ["LOST_ATTR", "PeerWatch", "install_peer_watch"]
+
+logger = logging.getLogger("fsm_agent.torch")
+
+#: The attribute of torch's ``_RendezvousState`` holding the nodes found dead (node -> UTC time).
+LOST_ATTR = "lost"
+#: How long a recorded loss is kept on the state (a lost node never comes back: its descriptor
+#: names its agent process).
+KEEP_LOST = timedelta(hours=1)
+#: How often :meth:`PeerWatch.lost` reads the state while a peer is unaccounted for.
+POLL = 0.25
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class PeerWatch:
+    """The peers of this agent's current rendezvous round, and which of them torch's keep-alive
+    says are lost. Built by :func:`install_peer_watch`."""
+
+    def __init__(self, handler: Any) -> None:
+        self._handler = handler
+        self._holder = holder = handler._state_holder
+        self._peers: frozenset[Any] = frozenset()
+        torch_sanitize = holder._sanitize
+
+        def sanitize() -> None:
+            torch_sanitize()
+            self._record(holder.state, holder._dead_nodes)
+
+        holder._sanitize = sanitize
+
+    @staticmethod
+    def _record(state: Any, dead: Any) -> None:
+        lost = getattr(state, LOST_ATTR, None)
+        if not isinstance(lost, dict):
+            if not dead:
+                return
+            lost = {}
+        now = _now()
+        for node in dead:
+            lost.setdefault(node, now)
+        for node, when in list(lost.items()):
+            if not isinstance(when, datetime) or now - when > KEEP_LOST:
+                del lost[node]
+        setattr(state, LOST_ATTR, lost)
+
+    @property
+    def peers(self) -> frozenset[Any]:
+        """The other participants of the round that completed last (torch's node descriptors)."""
+        return self._peers
+
+    def round_started(self) -> None:
+        """Note the peers of the round just completed (after each ``next_rendezvous``)."""
+        handler = self._handler
+        with handler._heartbeat_lock:
+            participants = set(self._holder.state.participants)
+        participants.discard(handler._this_node)
+        self._peers = frozenset(participants)
+
+    def bound(self) -> float:
+        """The most :meth:`lost` waits, in seconds: one heartbeat period past the expiry."""
+        settings = self._handler._settings
+        interval = settings.keep_alive_interval.total_seconds()
+        return float(interval * (settings.keep_alive_max_attempt + 1) + 1.0)
+
+    def lost(self) -> tuple[str, ...]:
+        """The peers of the current round that torch's keep-alive says are lost; empty when
+        every peer is alive or left the round, or nothing is known within :meth:`bound`."""
+        peers = self._peers
+        if not peers:
+            return ()
+        handler = self._handler
+        holder = self._holder
+        first: dict[Any, Any] = {}
+        deadline = time.monotonic() + self.bound()
+        while True:
+            with handler._heartbeat_lock:
+                # A fresh read, never torch's cached state (up to 1 s old): a heartbeat the
+                # lost peer wrote just before it died must not look like a new one.
+                holder._last_sync_time = -1
+                holder.sync()
+                state = holder.state
+                recorded = getattr(state, LOST_ATTR, None)
+                gone = set(holder._dead_nodes)
+                if isinstance(recorded, dict):
+                    gone.update(recorded)
+                beats = dict(state.last_heartbeats)
+            found = sorted(str(node) for node in peers & gone)
+            if found:
+                return tuple(found)
+            pending = []
+            for node in peers:
+                if node not in beats:
+                    continue  # left the round (restarting), not lost
+                first.setdefault(node, beats[node])
+                if beats[node] == first[node]:
+                    pending.append(node)
+            if not pending:
+                return ()
+            if time.monotonic() >= deadline:
+                logger.warning("no heartbeat from %s within %.1f s, yet not dropped by the "
+                               "rendezvous: not counted as lost",
+                               ", ".join(sorted(map(str, pending))), self.bound())
+                return ()
+            time.sleep(POLL)
+
+
+def install_peer_watch(handler: Any) -> PeerWatch | None:
+    """A :class:`PeerWatch` on ``handler`` (a ``DynamicRendezvousHandler``); ``None`` for any
+    other handler, or a torch without the internals (``_compat``'s ``peer_watch``)."""
+    if not enabled("peer_watch"):
+        return None
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+
+    if not isinstance(handler, dyn.DynamicRendezvousHandler):
+        return None
+    holder = getattr(handler, "_state_holder", None)
+    if not isinstance(holder, dyn._BackendRendezvousStateHolder) or "_sanitize" in vars(holder):
+        return None
+    return PeerWatch(handler)
