@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
@@ -36,6 +36,7 @@ __all__ = [
     "JOB_FAILED",
     "ModelError",
     "TLCResult",
+    "check_model",
     "check_protocol",
     "find_tla2tools",
     "lifecycle_module",
@@ -265,7 +266,9 @@ class TLCResult:
     """What one TLC run found."""
 
     ok: bool
+    #: the spec file's name (:func:`check_protocol`), or the module's (:func:`check_model`)
     spec: str
+    #: the agents of a :func:`check_protocol` run (0 for :func:`check_model`)
     agents: int
     #: TLC's verdict in a few words ("no error", "Invariant Agreement is violated", ...)
     verdict: str
@@ -379,24 +382,106 @@ def check_protocol(
                 symmetry="SYMMETRY AgentSymmetry" if symmetry else "",
             )
         )
-        cmd = [
-            java, "-XX:+UseParallelGC", "-Xss16m", "-cp", str(jar), "tlc2.TLC",
-            "-workers", "1", "-config", "MC.cfg", "-metadir", str(work / "states"),
-            "-nowarning", "MC.tla",
-        ]
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(
-                cmd, cwd=work, capture_output=True, text=True, timeout=timeout, check=False
-            )
-        except subprocess.TimeoutExpired as e:
-            raise ModelError(f"TLC did not finish within {timeout:g} s") from e
-        seconds = time.monotonic() - t0
-        out = proc.stdout + proc.stderr
+        out, seconds = _run_tlc(jar, work, "MC.tla", "MC.cfg", java=java, timeout=timeout)
     finally:
         if own_dir:
             shutil.rmtree(work, ignore_errors=True)
     return _result(spec.name, agents, out, seconds)
+
+
+def _run_tlc(
+    jar: Path, work: Path, module: str, cfg: str, *, java: str, timeout: float,
+    library: Sequence[Path] = (), options: Sequence[str] = (),
+) -> tuple[str, float]:
+    """One TLC run (``-workers 1``) in ``work`` on the module file ``module`` there, with the
+    config ``cfg`` there: TLC's output and the seconds it took. ``library``: directories where
+    TLC also looks for the modules it extends."""
+    cmd = [java, "-XX:+UseParallelGC", "-Xss16m"]
+    if library:
+        cmd.append("-DTLA-Library=" + os.pathsep.join(str(d) for d in library))
+    cmd += [
+        "-cp", str(jar), "tlc2.TLC", "-workers", "1", "-config", cfg,
+        "-metadir", str(work / "states"), "-nowarning", *options, module,
+    ]
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            cmd, cwd=work, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        raise ModelError(f"TLC did not finish within {timeout:g} s") from e
+    return proc.stdout + proc.stderr, time.monotonic() - t0
+
+
+def _keep_indent(line: str) -> Callable[[re.Match[str]], str]:
+    return lambda m: m.group(1) + line
+
+
+def _set_constants(cfg: str, constants: Mapping[str, str], where: str) -> str:
+    for name, value in constants.items():
+        if not re.fullmatch(r"[A-Za-z_]\w*", name):
+            raise ModelError(f"{name!r} is not a constant's name")
+        line = f"{name} = {value}"
+        pattern = re.compile(rf"^([ \t]*){name}[ \t]*=.*$", flags=re.MULTILINE)
+        cfg, count = pattern.subn(_keep_indent(line), cfg)
+        if count != 1:
+            raise ModelError(f"{where}: sets constant {name} {count} times, not once")
+    return cfg
+
+
+def check_model(
+    module: str | os.PathLike[str],
+    cfg: str | os.PathLike[str] | None = None,
+    *,
+    constants: Mapping[str, str] | None = None,
+    options: Sequence[str] = (),
+    timeout: float = 600.0,
+    java: str = "java",
+    workdir: str | os.PathLike[str] | None = None,
+) -> TLCResult:
+    """Model-check one TLA+ module with one TLC config; one TLC run, as :func:`check_protocol`.
+
+    ``module`` is the name of a module of ``specs/model`` (``"Membership"``) or the path of a
+    ``.tla`` file; the modules it extends are found next to it and in ``specs/model``. ``cfg`` is
+    the path of the config, by default the module's own (``Membership.cfg`` next to it).
+    ``constants`` replaces the values the config gives constants, as TLA+ text
+    (``{"WrongVariant": '"renumber"'}``); the config must set each once. ``options`` are more TLC
+    options (``["-continue"]``: report every invariant violated, not only the first)::
+
+        result = check_model("Membership")
+        assert result.ok, result.output
+    """
+    path = Path(module)
+    if path.suffix != ".tla":
+        if path.name != str(module):
+            raise ModelError(f"{module}: not a .tla file")
+        path = model_dir() / f"{module}.tla"
+    if not path.is_file():
+        raise ModelError(f"{path}: no such module")
+    cfg_path = path.with_suffix(".cfg") if cfg is None else Path(cfg)
+    if not cfg_path.is_file():
+        raise ModelError(f"{cfg_path}: no such TLC config")
+    text = cfg_path.read_text()
+    if constants:
+        text = _set_constants(text, constants, str(cfg_path))
+    if shutil.which(java) is None:
+        raise ModelError(f"{java!r} not found: TLC needs Java 11 or newer")
+    jar = find_tla2tools()
+    library = [path.resolve().parent]
+    shared = model_dir().resolve()
+    if shared not in library:
+        library.append(shared)
+    own_dir = workdir is None
+    work = Path(tempfile.mkdtemp(prefix="fsm-agent-tlc-")) if own_dir else Path(workdir)  # type: ignore[arg-type]
+    try:
+        shutil.copy(path, work / path.name)
+        (work / "MC.cfg").write_text(text)
+        out, seconds = _run_tlc(jar, work, path.name, "MC.cfg", java=java, timeout=timeout,
+                                library=library, options=options)
+    finally:
+        if own_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return _result(path.stem, 0, out, seconds)
 
 
 def _result(spec: str, agents: int, out: str, seconds: float) -> TLCResult:
