@@ -379,3 +379,20 @@ def summary(output: str) -> dict[str, object]:
 def trace_records(path: Path) -> list[dict[str, object]]:
     """The JSON records of a trace file (every line must be complete JSON)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def standalone_store(jobs: Jobs, port: int = 0) -> tuple[Job, int]:
+    """An ``fsm-agent store`` on loopback (``port`` 0: a free one): the job and its port."""
+    store = jobs.start(["--host", "127.0.0.1", "--port", str(port)], None,
+                       launcher="fsm-agent store", name="store")
+    store.wait_output("fsm-agent store: listening on", 60)
+    m = re.search(r"listening on 127\.0\.0\.1:(\d+) ", store.output)
+    assert m, store.output
+    return store, int(m.group(1))
+
+
+def stop_store(store: Job) -> None:
+    """SIGTERM: the store's clean stop, with its last line."""
+    os.kill(store.pid, signal.SIGTERM)
+    assert store.wait(20) == 0, store.output
+    assert store.output.rstrip().endswith("fsm-agent store: stopped (SIGTERM)"), store.output

@@ -51,6 +51,9 @@ STOPPED                            group in <STATE> state")
 * ``max_restarts`` failure restarts are allowed within any window of ``restart_window``: a
   restart counts while less than ``restart_window`` has passed since it (``inf``: the whole
   job, as torch); with none left: stop; FAILED; return the FAILED result (no exit barrier);
+* HEALTHY with a lost node (``Tick.peer_lost``) restarts at once, from the same
+  ``node_replacements`` budget as a failure that follows a loss (with none left: stop; FAILED;
+  return the FAILED result), before nodes waiting are asked about;
 * HEALTHY with nodes waiting restarts at once (stop, rendezvous, start), never counted;
 * success, and UNKNOWN/INIT/STOPPED observations, as torchrun.
 
@@ -378,6 +381,14 @@ class ReferenceRun:
                 else:
                     self.remaining_restarts -= 1
                     self._restart()
+            else:
+                self._give_up(result, observed)
+        elif observed == "HEALTHY" and resilient and tick.peer_lost:
+            # a node of the round was lost while the workers ran: they would block at their
+            # next collective; the same budget as a failure that follows a loss
+            if self._replacements < self.params["node_replacements"]:
+                self._replacements += 1
+                self._restart()
             else:
                 self._give_up(result, observed)
         elif observed == "HEALTHY":

@@ -518,13 +518,13 @@ def _events(drains: bool, progress: bool) -> st.SearchStrategy[_Events] | None:
         _STEPS if progress else (None,))))
 
 
-#: Whether a failed tick follows a lost node, for a spec whose policy asks (``peer_lost``):
-#: about one failure in six.
+#: Whether a tick follows a lost node, for a spec that asks (``peer_lost``): about one failed
+#: or healthy tick in six (a healthy one: the node was lost while the workers ran).
 _PEER_LOST: tuple[bool, ...] = (False,) * 5 + (True,)
 
 
 def _with_peer_lost(tick: Any, lost: bool) -> Any:
-    if tick is None or not lost or tick.observed not in ("FAILED", "UNHEALTHY"):
+    if tick is None or not lost or tick.observed not in ("FAILED", "UNHEALTHY", "HEALTHY"):
         return tick
     return attrs.evolve(tick, peer_lost=True)
 
@@ -551,7 +551,8 @@ def ticks(*, faults: bool = True, timed: bool = False, drains: bool = False,
     types), 0..2 nodes waiting, barrier ok/error/timeout, faults; with ``timed``, also virtual
     time passing during the tick and the random source's value; with ``drains``, sometimes a
     preemption after it and how the drain ends; with ``progress``, sometimes a step reported;
-    with ``peers``, sometimes a failure that follows a lost node (``Tick.peer_lost``)."""
+    with ``peers``, sometimes a failed or healthy tick that follows a lost node
+    (``Tick.peer_lost``)."""
     base = st.sampled_from(_tick_combinations(faults, timed))
     plain = st.tuples(base, _extras(timed)).map(lambda te: _with(*te))
     events = _events(drains, progress)

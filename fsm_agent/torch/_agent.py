@@ -167,8 +167,11 @@ class LifecycleAgentMixin:
         # A policy that asks peer_lost (resilient) gets its answer from torch's keep-alive
         # (_peers.py); the torch presets never ask, and their handler stays untouched.
         self._fsm_peer_watch: PeerWatch | None = None
-        if any(PEER_LOST_GUARD in t.guards or PEER_LOST_GUARD in t.unless
-               for t in spec.transitions):
+        #: Whether the spec asks ``peer_lost``: the exit barrier then stops waiting for a peer
+        #: known to be lost.
+        self._fsm_asks_peers = any(PEER_LOST_GUARD in t.guards or PEER_LOST_GUARD in t.unless
+                                   for t in spec.transitions)
+        if self._fsm_asks_peers:
             self._fsm_peer_watch = install_peer_watch(self._worker_group.spec.rdzv_handler)
         # The lifecycle is built at run(); refuse what it would refuse now, at construction.
         timeout = self._exit_barrier_timeout
@@ -257,7 +260,7 @@ class LifecycleAgentMixin:
             window = self._lifecycle.context.window if self._lifecycle is not None else math.inf
             of = (f"of {allowed}" if math.isinf(window) else
                   f"({step.remaining_restarts} of {allowed} left within {window:g} s)")
-            spent = self._fsm_budget_spent(step.rule)
+            spent = self._fsm_budget_spent(step)
             number = step.restart_count
             if spent is not None:
                 of = spent
@@ -280,16 +283,22 @@ class LifecycleAgentMixin:
                 logger.warning("[%s] nodes waiting to join; restarting the worker group "
                                "(membership change, not counted against max_restarts)", role)
 
-    def _fsm_budget_spent(self, rule: str | None) -> str | None:
-        """For a restart by a rule with a budget of its own: ``(budget infra: 1 of 2 used)``
-        (None for the default budget, whose line says ``of max_restarts``)."""
+    def _fsm_budget_spent(self, step: Step) -> str | None:
+        """For a restart that spent a budget of its own (its rule's, or a plain transition's
+        ``consume_<name>_restart``): ``(budget infra: 1 of 2 used)`` (None for the default
+        budget, whose line says ``of max_restarts``)."""
         lifecycle = self._lifecycle
-        if rule is None or lifecycle is None:
-            return None
-        name = rule_budgets(lifecycle.spec).get(rule, DEFAULT_BUDGET)
-        if name == DEFAULT_BUDGET:
+        if lifecycle is None:
             return None
         ctx = lifecycle.context
+        if step.rule is not None:
+            name = rule_budgets(lifecycle.spec).get(step.rule, DEFAULT_BUDGET)
+        else:
+            name = next((n for n in ctx.budget_limits
+                         if any(a.name == f"consume_{n}_restart" for a in step.actions)),
+                        DEFAULT_BUDGET)
+        if name == DEFAULT_BUDGET:
+            return None
         most, window = ctx.budget_limits[name]
         try:
             used = budget_used(ctx, name)
@@ -616,9 +625,18 @@ class LifecycleAgentMixin:
 
     def _fsm_lost_peers(self) -> tuple[str, ...]:
         """The peers of this round torch's keep-alive says are lost (the guard ``peer_lost``;
-        a subclass may add what its scheduler knows)."""
+        a subclass may add what its scheduler knows).
+
+        After a failure it waits until every peer is accounted for (the failure may follow a
+        loss the keep-alive has not expired yet); on a healthy tick and at the exit barrier it
+        answers at once from what torch's keep-alive thread last read."""
         watch = self._fsm_peer_watch
-        return watch.lost() if watch is not None else ()
+        if watch is None:
+            return ()
+        lifecycle = self._lifecycle
+        observed = lifecycle.context.observed if lifecycle is not None else None
+        failed = observed is not None and observed.state.name in ("FAILED", "UNHEALTHY")
+        return watch.lost(wait=failed)
 
     def _fsm_rendezvous_poll(self) -> None:
         """Between two looks at the rendezvous state (torch's join loop): what it raises ends

@@ -9,10 +9,12 @@ request for up to five minutes there (torch 2.13, ``tests/reliability/test_signa
 :func:`interruptible_barrier` is the same barrier on the same keys and with the same store calls,
 so torch agents and ours meet at one barrier: every member adds 1 to ``<prefix>/num_members``,
 the last one sets ``<prefix>/last_member``, and the others wait for that key with torch's own
-blocking ``store.wait``, released by the store's notification as under torch. Two things differ:
+blocking ``store.wait``, released by the store's notification as under torch. Three things differ:
 
 - the wait runs on a connection of its own (``store.clone()``), so that it can be ended without
   touching the agent's store;
+- an ``abort`` question (the torch driver's: is a peer of the round lost?) ends it, asked every
+  :data:`ABORT_EVERY` seconds from a thread that shuts the connection down as a signal does;
 - a signal ends it. Python's C-level handler writes each signal to the wake-up fd
   (``signal.set_wakeup_fd``) at once, even while the main thread is inside C++; a watcher thread
   reads it and shuts that connection down, the wait fails, and back in Python the signal's
@@ -32,32 +34,54 @@ polls ``store.check`` instead, at most every :data:`POLL_INTERVAL`, and sleeps i
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["POLL_INTERVAL", "interruptible_barrier"]
+__all__ = ["ABORT_EVERY", "POLL_INTERVAL", "BarrierAborted", "interruptible_barrier"]
 
 #: Longest pause between two looks at the store when the barrier has to poll (the fallback): the
 #: bound on how late an agent leaves after the last one arrives. A ``store.check`` is one
 #: loopback round trip (~0.1 ms).
 POLL_INTERVAL = 0.01
 
+#: How often (seconds) a barrier with an ``abort`` question asks it.
+ABORT_EVERY = 1.0
+
 # Longest a connection of the barrier's own may take to open (normally a few milliseconds).
 _CLONE_TIMEOUT = 2.0
+logger = logging.getLogger("fsm_agent.torch")
+
 # The store's clock and ours may disagree on when the timeout ran out by this much.
 _CLOCK_SLACK = 0.05
 
 
-def interruptible_barrier(store: Any, world_size: int, key_prefix: str, timeout: float) -> None:
+class BarrierAborted(Exception):
+    """The barrier's ``abort`` question answered: nobody will release it (``reason``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+Abort = Callable[[], "str | None"]
+
+
+def interruptible_barrier(store: Any, world_size: int, key_prefix: str, timeout: float,
+                          *, abort: Abort | None = None,
+                          abort_every: float = ABORT_EVERY) -> None:
     """Wait until ``world_size`` agents reached the barrier ``key_prefix`` on ``store``.
 
     Same keys and protocol as torch's ``barrier`` (``_barrier_nonblocking``, then a wait for
-    ``<prefix>/last_member``).
+    ``<prefix>/last_member``). ``abort``, asked every ``abort_every`` seconds while waiting
+    (from a thread of its own while the wait blocks), ends the wait with
+    :class:`BarrierAborted` as soon as it returns a reason (a peer that can never arrive).
     """
     from torch.distributed.elastic.utils.store import _barrier_nonblocking
 
@@ -76,12 +100,18 @@ def interruptible_barrier(store: Any, world_size: int, key_prefix: str, timeout:
         watch = _SignalWatch.get() if connection is not None else None
         if waiter is None or watch is None or not watch.arm(connection):  # type: ignore[arg-type]
             # off the main thread a blocked C++ wait would outlive an interpreter exit
-            _poll(store, last_member_key, deadline, timeout)
+            _poll(store, last_member_key, deadline, timeout, abort=abort,
+                  abort_every=abort_every)
             return
+        asking = _ask(abort, abort_every, watch) if abort is not None else None
         try:
             waiter.wait([last_member_key], timedelta(seconds=left))
             return
         except RuntimeError:  # torch's store errors (DistError and its kinds)
+            if watch.aborted is not None:
+                if store.check([last_member_key]):
+                    return
+                raise BarrierAborted(watch.aborted) from None
             if not watch.fired:  # the store's own error, or its timeout
                 if store.check([last_member_key]):
                     return
@@ -89,6 +119,8 @@ def interruptible_barrier(store: Any, world_size: int, key_prefix: str, timeout:
                     raise _timeout(timeout, last_member_key) from None
                 raise
         finally:
+            if asking is not None:
+                asking.set()
             # Finished even if a signal handler raises in it: a handler runs at any function
             # entry, this one's included, so the retry is here and not in a helper.
             raised: BaseException | None = None
@@ -121,6 +153,8 @@ class _SignalWatch:
         self._connection: int | None = None
         self._saved_stderr: int | None = None
         self.fired = False
+        #: The reason :meth:`interrupt` gave, when it (not a signal) ended the wait.
+        self.aborted: str | None = None
         threading.Thread(target=self._run, name="fsm-agent-exit-barrier", daemon=True).start()
 
     @classmethod
@@ -140,7 +174,7 @@ class _SignalWatch:
             signal.set_wakeup_fd(previous)
             return False
         with self._lock:
-            self._connection, self.fired = connection, False
+            self._connection, self.fired, self.aborted = connection, False, None
         return True
 
     def disarm(self) -> None:
@@ -159,18 +193,49 @@ class _SignalWatch:
                 os.read(self._wake_r, 512)
             except InterruptedError:
                 continue
-            with self._lock:
-                if self._connection is None or self.fired:
-                    continue
-                self.fired = True
-                # the failed receive's C++ warning is the signal's doing, not a store fault
-                self._saved_stderr = os.dup(2)
-                quiet = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(quiet, 2)
-                os.close(quiet)
-                with contextlib.suppress(OSError), \
-                        socket.socket(fileno=os.dup(self._connection)) as sock:
-                    sock.shutdown(socket.SHUT_RDWR)
+            self._end(None)
+
+    def interrupt(self, reason: str) -> None:
+        """End the armed wait as a signal would, for ``reason`` (:attr:`aborted`)."""
+        self._end(reason)
+
+    def _end(self, reason: str | None) -> None:
+        with self._lock:
+            if self._connection is None or self.fired:
+                return
+            self.fired, self.aborted = True, reason
+            # the failed receive's C++ warning is ours, not a store fault
+            self._saved_stderr = os.dup(2)
+            quiet = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(quiet, 2)
+            os.close(quiet)
+            with contextlib.suppress(OSError), \
+                    socket.socket(fileno=os.dup(self._connection)) as sock:
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _answer(abort: Abort) -> str | None:
+    try:
+        return abort()
+    except Exception:  # a question that fails answers nothing; the barrier goes on
+        logger.debug("exit barrier: the abort question failed", exc_info=True)
+        return None
+
+
+def _ask(abort: Abort, every: float, watch: _SignalWatch) -> threading.Event:
+    """Ask ``abort`` every ``every`` seconds until the returned event is set; a reason ends
+    the armed wait (:meth:`_SignalWatch.interrupt`)."""
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.wait(every):
+            reason = _answer(abort)
+            if reason:
+                watch.interrupt(reason)
+                return
+
+    threading.Thread(target=run, name="fsm-agent-exit-barrier-abort", daemon=True).start()
+    return done
 
 
 def _store_port(store: Any) -> int | None:
@@ -227,12 +292,19 @@ def _clone_with_connection(store: Any, left: float) -> tuple[Any, int | None]:
     return waiter, (mine[0] if len(mine) == 1 else None)
 
 
-def _poll(store: Any, key: str, deadline: float, timeout: float) -> None:
+def _poll(store: Any, key: str, deadline: float, timeout: float, *, abort: Abort | None = None,
+          abort_every: float = ABORT_EVERY) -> None:
     pause = 0.002
+    ask_at = time.monotonic() + abort_every
     while not store.check([key]):
         now = time.monotonic()
         if now >= deadline:
             raise _timeout(timeout, key)
+        if abort is not None and now >= ask_at:
+            ask_at = now + abort_every
+            reason = _answer(abort)
+            if reason:
+                raise BarrierAborted(reason)
         # Short sleeps first (the common case is a barrier the others reach at once).
         time.sleep(min(pause, deadline - now))
         pause = min(POLL_INTERVAL, pause * 2)

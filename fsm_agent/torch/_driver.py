@@ -241,7 +241,7 @@ class TorchDriver:
         """Wait for every agent of the group on the rendezvous store, like torch's agent."""
         from torch.distributed.elastic.agent.server.api import _TERMINAL_STATE_SYNC_ID
 
-        from fsm_agent.torch._barrier import interruptible_barrier
+        from fsm_agent.torch._barrier import BarrierAborted, interruptible_barrier
         from fsm_agent.torch._job import RendezvousStoreLost
 
         self.sync_counters()
@@ -271,12 +271,21 @@ class TorchDriver:
                 job.mark_finishing()  # a peer's restart could never complete now
             if enabled("barrier"):
                 # torch's store barrier blocks signals for the whole timeout; same keys.
-                interruptible_barrier(
-                    store=self.agent._store,
-                    world_size=world_size,
-                    key_prefix=_TERMINAL_STATE_SYNC_ID,
-                    timeout=timeout,
-                )
+                try:
+                    interruptible_barrier(
+                        store=self.agent._store,
+                        world_size=world_size,
+                        key_prefix=_TERMINAL_STATE_SYNC_ID,
+                        timeout=timeout,
+                        abort=self._lost_at_barrier if getattr(
+                            self.agent, "_fsm_asks_peers", False) else None,
+                    )
+                except BarrierAborted as e:
+                    # A lost peer never arrives: this node's outcome stands, now rather than
+                    # after the barrier's timeout.
+                    logger.warning("[%s] exit barrier: %s; not waiting for it",
+                                   group.spec.role, e.reason)
+                    return
             else:
                 from torch.distributed.elastic.utils.store import barrier
 
@@ -288,6 +297,13 @@ class TorchDriver:
                                job.outcome.describe())
         finally:
             self.agent._in_exit_barrier = False
+
+    def _lost_at_barrier(self) -> str | None:
+        """Why the exit barrier can never be released: a peer of the round lost (None: none)."""
+        lost = self.lost_peers()
+        if not lost:
+            return None
+        return f"lost node(s) of the job: {', '.join(lost)} (their agent's keep-alive stopped)"
 
     def release_exit_barrier(self) -> None:
         """Release the current round's exit barrier for every agent waiting at it: the job's

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -72,11 +73,18 @@ class PeerWatch:
         self._handler = handler
         self._holder = holder = handler._state_holder
         self._peers: frozenset[Any] = frozenset()
-        torch_sanitize = holder._sanitize
+        # No reference from the holder back to itself: a cycle would keep the handler, and
+        # with it the rendezvous store's sockets, open after the run until the garbage
+        # collector happens to run (an in-process run must leave nothing behind).
+        torch_sanitize = type(holder)._sanitize
+        ref = weakref.ref(holder)
 
         def sanitize() -> None:
-            torch_sanitize()
-            self._record(holder.state, holder._dead_nodes)
+            me = ref()
+            if me is None:
+                return
+            torch_sanitize(me)
+            PeerWatch._record(me.state, me._dead_nodes)
 
         holder._sanitize = sanitize
 
@@ -114,14 +122,22 @@ class PeerWatch:
         interval = settings.keep_alive_interval.total_seconds()
         return float(interval * (settings.keep_alive_max_attempt + 1) + 1.0)
 
-    def lost(self) -> tuple[str, ...]:
+    def lost(self, *, wait: bool = True) -> tuple[str, ...]:
         """The peers of the current round that torch's keep-alive says are lost; empty when
-        every peer is alive or left the round, or nothing is known within :meth:`bound`."""
+        every peer is alive or left the round, or nothing is known within :meth:`bound`.
+
+        ``wait=False`` asks no store and waits for nothing: what this agent's own keep-alive
+        (torch's timer thread, which reads the state every ``keep_alive_interval``) last found,
+        for a question asked on every monitor tick or while waiting at the exit barrier.
+        """
         peers = self._peers
         if not peers:
             return ()
         handler = self._handler
         holder = self._holder
+        if not wait:
+            with handler._heartbeat_lock:
+                return _named(peers & _gone(holder))
         first: dict[Any, Any] = {}
         deadline = time.monotonic() + self.bound()
         while True:
@@ -130,15 +146,11 @@ class PeerWatch:
                 # lost peer wrote just before it died must not look like a new one.
                 holder._last_sync_time = -1
                 holder.sync()
-                state = holder.state
-                recorded = getattr(state, LOST_ATTR, None)
-                gone = set(holder._dead_nodes)
-                if isinstance(recorded, dict):
-                    gone.update(recorded)
-                beats = dict(state.last_heartbeats)
-            found = sorted(str(node) for node in peers & gone)
+                gone = _gone(holder)
+                beats = dict(holder.state.last_heartbeats)
+            found = _named(peers & gone)
             if found:
-                return tuple(found)
+                return found
             pending = []
             for node in peers:
                 if node not in beats:
@@ -154,6 +166,20 @@ class PeerWatch:
                                ", ".join(sorted(map(str, pending))), self.bound())
                 return ()
             time.sleep(POLL)
+
+
+def _gone(holder: Any) -> set[Any]:
+    """The nodes the holder's last sync dropped, and those recorded lost on the state (under
+    the handler's ``_heartbeat_lock``)."""
+    gone = set(holder._dead_nodes)
+    recorded = getattr(holder.state, LOST_ATTR, None)
+    if isinstance(recorded, dict):
+        gone.update(recorded)
+    return gone
+
+
+def _named(nodes: set[Any] | frozenset[Any]) -> tuple[str, ...]:
+    return tuple(sorted(str(node) for node in nodes))
 
 
 def install_peer_watch(handler: Any) -> PeerWatch | None:

@@ -49,8 +49,15 @@ SPEC_EDITS: dict[str, tuple[Any, ...]] = {
     ),
     "CountsMembershipRestarts": (
         "a restart for nodes waiting to join counts against max_restarts",
-        ("    guards: [nodes_waiting]\n    actions: [stop_workers]\n",
-         "    guards: [nodes_waiting]\n    actions: [consume_restart, stop_workers]\n"),
+        ("    guards: [nodes_waiting]\n    unless: [peer_lost]\n    actions: [stop_workers]\n",
+         "    guards: [nodes_waiting]\n    unless: [peer_lost]\n"
+         "    actions: [consume_restart, stop_workers]\n"),
+    ),
+    "IgnoresLostNodeWhileHealthy": (
+        "a node lost while the workers run is not acted on until they fail",
+        ("    dest: STOPPED\n    guards: [peer_lost, has_node_replacements_restarts_left]\n"
+         "    actions: [consume_node_replacements_restart, stop_workers]\n",
+         "    dest: HEALTHY\n    guards: [peer_lost, has_node_replacements_restarts_left]\n"),
     ),
     "BackoffNeverReset": (
         "the backoff never goes back to backoff_initial after a long healthy run",

@@ -8,30 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from fsm_test_procs import alive, free_port, listening_addresses
+from fsm_test_procs import alive, free_port, listening_addresses, standalone_store, stop_store
 from job_helpers import Job, Jobs, nodes
-
-
-def _store(jobs: Jobs, port: int = 0) -> tuple[Job, int]:
-    store = jobs.start(["--host", "127.0.0.1", "--port", str(port)], None,
-                       launcher="fsm-agent store", name="store")
-    store.wait_output("fsm-agent store: listening on", 60)
-    m = re.search(r"listening on 127\.0\.0\.1:(\d+) ", store.output)
-    assert m, store.output
-    return store, int(m.group(1))
-
-
-def _stop(store: Job) -> None:
-    os.kill(store.pid, signal.SIGTERM)
-    assert store.wait(20) == 0, store.output
-    assert store.output.rstrip().endswith("fsm-agent store: stopped (SIGTERM)"), store.output
 
 
 @pytest.mark.timeout(120)
@@ -42,7 +26,7 @@ def test_agents_started_before_the_store_wait_for_it_and_none_hosts_it(jobs: Job
     args = nodes(2, "--rdzv-conf", "is_host=0,read_timeout=60", port=port, run_id="ext")
     a = jobs.start(args, env={"SLEEP": "3"}, name="node_a")
     time.sleep(2)
-    store, _ = _store(jobs, port)
+    store, _ = standalone_store(jobs, port)
     b = jobs.start(args, env={"SLEEP": "3"}, name="node_b")
     a.wait_for("start_*.json", 1, 60)
     b.wait_for("start_*.json", 1, 60)
@@ -53,7 +37,7 @@ def test_agents_started_before_the_store_wait_for_it_and_none_hosts_it(jobs: Job
     starts = a.records("start_*.json") + b.records("start_*.json")
     assert sorted(r["group_rank"] for r in starts) == [0, 1]  # type: ignore[type-var]
     assert store.poll() is None  # the job is over, the store serves on
-    _stop(store)
+    stop_store(store)
 
 
 def _kill_node(job: Job) -> None:
@@ -72,7 +56,7 @@ def test_the_first_node_lost_the_others_go_on_with_a_spare(jobs: Jobs) -> None:
     # rendezvous store is unreachable", tests/reliability/test_store_loss.py). With the store
     # outside, B goes on: the spare C's arrival restarts it as a membership change, and the
     # new round (B and C; A's heartbeat has stopped) runs to the end.
-    store, port = _store(jobs)
+    store, port = standalone_store(jobs)
     args = nodes(2, "--rdzv-conf", "is_host=0,keep_alive_interval=1,keep_alive_max_attempt=2",
                  "--max-restarts", "0", port=port, run_id="spare")
     # long enough for B's first group to be running when C arrives
@@ -93,12 +77,12 @@ def test_the_first_node_lost_the_others_go_on_with_a_spare(jobs: Jobs) -> None:
     starts = b.records("start_*.json") + c.records("start_*.json")
     assert all(int(r["world_size"]) == 2 for r in starts)  # type: ignore[call-overload]
     assert store.poll() is None
-    _stop(store)
+    stop_store(store)
 
 
 @pytest.mark.timeout(60)
 def test_a_taken_port_or_a_foreign_host_is_one_line_and_exit_2(jobs: Jobs) -> None:
-    store, port = _store(jobs)
+    store, port = standalone_store(jobs)
     for argv, says in ((["--host", "127.0.0.1", "--port", str(port)], "already in use"),
                        (["--host", "192.0.2.1", "--port", str(free_port())],
                         "not an address of this machine"),
@@ -108,7 +92,7 @@ def test_a_taken_port_or_a_foreign_host_is_one_line_and_exit_2(jobs: Jobs) -> No
         assert done.returncode == 2, done
         assert done.stdout == "" and done.stderr.count("\n") == 1, done
         assert done.stderr.startswith("fsm-agent store: error: ") and says in done.stderr
-    _stop(store)
+    stop_store(store)
 
 
 @pytest.mark.timeout(120)
@@ -121,7 +105,7 @@ def test_a_late_agent_and_a_spare_never_needed_end_with_one_line_and_announce_no
 
     from torch.distributed import TCPStore
 
-    store, port = _store(jobs)
+    store, port = standalone_store(jobs)
     args = nodes(2, "--rdzv-conf", "is_host=0", port=port, run_id="late")
     a = jobs.start(args, env={"SLEEP": "6"}, name="node_a")
     b = jobs.start(args, env={"SLEEP": "6"}, name="node_b")
@@ -141,18 +125,18 @@ def test_a_late_agent_and_a_spare_never_needed_end_with_one_line_and_announce_no
     assert not client.check(["fsm_agent/job/late/outcome"])  # nobody announced a failure
     for job in (spare, late):
         assert "announced" not in job.output and "Traceback" not in job.output, job.output
-    _stop(store)
+    stop_store(store)
 
 
 @pytest.mark.timeout(120)
 def test_the_store_stopped_under_a_running_job_ends_every_agent_naming_it(jobs: Jobs) -> None:
-    store, port = _store(jobs)
+    store, port = standalone_store(jobs)
     args = nodes(2, "--rdzv-conf", "is_host=0", port=port, run_id="gone")
     a = jobs.start(args, env={"SLEEP": "120"}, name="node_a")
     b = jobs.start(args, env={"SLEEP": "120"}, name="node_b")
     a.wait_for("start_*.json", 1, 60)
     b.wait_for("start_*.json", 1, 60)
-    _stop(store)
+    stop_store(store)
     for agent in (a, b):
         assert agent.wait(60) == 1, agent.output[-3000:]
         last = agent.final_message()

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from reliability_helpers import alive, wait_gone
 
-from fsm_agent.torch._barrier import interruptible_barrier
+from fsm_agent.torch._barrier import BarrierAborted, interruptible_barrier
 from fsm_agent.torch._reaper import live_group_members, reap_process_groups
 
 
@@ -115,6 +115,72 @@ def test_a_signal_whose_handler_returns_does_not_end_the_barrier(store_pair) -> 
         signal.signal(signal.SIGUSR1, old)
     assert seen == [signal.SIGUSR1]
     assert (os.fstat(2).st_dev, os.fstat(2).st_ino) == (stderr_before.st_dev, stderr_before.st_ino)
+    assert signal.set_wakeup_fd(-1) == -1
+
+
+class _LostAfter:
+    """An abort question that answers after ``delay`` seconds, counting how often it is asked."""
+
+    def __init__(self, delay: float) -> None:
+        self.at = time.monotonic() + delay
+        self.asked = 0
+
+    def __call__(self) -> str | None:
+        self.asked += 1
+        return "node B lost" if time.monotonic() >= self.at else None
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["main thread", "another thread"])
+def test_an_abort_answer_ends_the_barrier_within_its_period(store_pair, where: str) -> None:  # type: ignore[no-untyped-def]
+    """A peer that can never arrive: the barrier ends within ``abort_every`` of the answer
+    (blocking on the main thread, polling elsewhere), not at its timeout; stderr and the
+    wake-up fd are left as they were."""
+    server, _ = store_pair
+    abort = _LostAfter(0.6)
+    stderr_before = os.fstat(2)
+    outcome: list[object] = []
+
+    def wait() -> None:
+        start = time.monotonic()
+        try:
+            interruptible_barrier(server, 2, f"abort-{where}", timeout=30, abort=abort,
+                                  abort_every=0.2)
+        except BarrierAborted as e:
+            outcome.append((e.reason, time.monotonic() - start))
+        except BaseException as e:
+            outcome.append(e)
+
+    if where == "main thread":
+        wait()
+    else:
+        t = threading.Thread(target=wait)
+        t.start()
+        t.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], tuple), outcome
+    reason, took = outcome[0]
+    assert reason == "node B lost"
+    assert 0.6 <= took < 2.0, took
+    assert abort.asked >= 3  # asked every 0.2 s until it answered
+    assert (os.fstat(2).st_dev, os.fstat(2).st_ino) == (stderr_before.st_dev, stderr_before.st_ino)
+    assert signal.set_wakeup_fd(-1) == -1
+
+
+@pytest.mark.timeout(60)
+def test_a_released_barrier_never_aborts(store_pair) -> None:  # type: ignore[no-untyped-def]
+    """The other member arrives first: released as usual, and the question stops being asked
+    (an answer that comes later changes nothing)."""
+    from torch.distributed.elastic.utils.store import barrier
+
+    server, client = store_pair
+    abort = _LostAfter(1.5)
+    other = threading.Timer(0.3, lambda: barrier(client, 2, "released", barrier_timeout=20))
+    other.start()
+    interruptible_barrier(server, 2, "released", timeout=30, abort=abort, abort_every=0.1)
+    other.join(20)
+    asked = abort.asked
+    time.sleep(0.5)
+    assert abort.asked == asked
     assert signal.set_wakeup_fd(-1) == -1
 
 

@@ -8,9 +8,6 @@ spare, one node SIGKILLed, ``--max-restarts 0``.
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +17,15 @@ from typing import Any
 
 import pytest
 from fsm_test_procs import FAST, Jobs, jobs_fixture
-from test_slots import SHUTDOWN_TIMEOUT, _handler, built_agent, lose_rank_0, store
+from test_slots import (
+    SHUTDOWN_TIMEOUT,
+    _handler,
+    built_agent,
+    spare_takes_rank_0,
+    standalone_store,
+    stop_store,
+    store,
+)
 
 from fsm_agent.torch._peers import LOST_ATTR, PeerWatch, install_peer_watch
 
@@ -123,37 +128,17 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
 @pytest.mark.timeout(150)
 def test_a_lost_node_is_replaced_by_the_spare_without_spending_max_restarts(
         jobs: Jobs, tmp_path: Path) -> None:
-    store = jobs.start(["--host", "127.0.0.1", "--port", "0"], None,
-                       launcher="fsm-agent store", name="store")
-    store.wait_output("fsm-agent store: listening on", 60)
-    m = re.search(r"listening on 127\.0\.0\.1:(\d+) ", store.output)
-    assert m, store.output
-    stop = tmp_path / "stop"
+    store, port = standalone_store(jobs)
     args = ["--spec", "resilient", "--nnodes", "2:2", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{m.group(1)}",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", "peers", "--max-restarts", "0",
             "--rdzv-conf", "is_host=0,join_timeout=120,last_call_timeout=1,"
                            f"keep_alive_interval={INTERVAL},keep_alive_max_attempt={ATTEMPTS}",
             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), *FAST]
-    env = {"STOP_FILE": str(stop)}
-    first = [jobs.start(args, env=env, name=name) for name in ("node_a", "node_b")]
-    for job in first:
-        job.wait_for("slot_*.json", 1, 90)
-    spare = jobs.start(args, env=env, name="node_c")
-    time.sleep(3)  # C waits as a spare
-    assert not spare.records("slot_*.json")
-    # the survivor's worker fails in its next all_reduce
-    ranks, lost, survivor, got, again = lose_rank_0(first, spare)
-    # the spare in the lost node's slot, the survivor in its own
-    assert (got["group_rank"], got["rank"]) == (ranks[lost]["group_rank"], ranks[lost]["rank"])
-    assert (again["group_rank"], again["rank"]) == \
-        (ranks[survivor]["group_rank"], ranks[survivor]["rank"])
-    stop.touch()
-    assert survivor.wait(60) == 0, survivor.output[-4000:]
-    assert spare.wait(60) == 0, spare.output[-4000:]
+    # the survivor's worker fails in its next all_reduce; the spare takes the lost slot
+    survivor = spare_takes_rank_0(jobs, args, tmp_path / "stop")
     # the survivor's workers failed, and the failure was the lost node's, not the user's budget
     assert "rule 'peer_lost'" in survivor.output, survivor.output[-4000:]
     assert "lost node(s) of the job" in survivor.output
     assert "rule 'retry'" not in survivor.output
-    os.kill(store.pid, signal.SIGTERM)
-    assert store.wait(20) == 0, store.output
+    stop_store(store)

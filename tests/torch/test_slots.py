@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import time
 import uuid
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsm_test_procs import FAST, Job, Jobs, jobs_fixture
+from fsm_test_procs import FAST, Job, Jobs, jobs_fixture, standalone_store, stop_store
 
 from fsm_agent.torch._slots import assign_slots, install_stable_slots
 
@@ -195,18 +194,40 @@ def lose_rank_0(first: list[Job], spare: Job) -> tuple[dict[Job, Record], Job, J
     return ranks, lost, survivor, got, again
 
 
+def two_nodes_and_a_spare(jobs: Jobs, args: list[str], env: dict[str, str]
+                          ) -> tuple[list[Job], Job]:
+    """Nodes A and B running (one worker record each), then C waiting as a spare (torch's
+    redundancy list: no restart of A and B)."""
+    first = [jobs.start(args, env=env, name=name) for name in ("node_a", "node_b")]
+    for job in first:
+        job.wait_for("slot_*.json", 1, 90)
+    spare = jobs.start(args, env=env, name="node_c")
+    time.sleep(3)
+    assert not spare.records("slot_*.json")
+    return first, spare
+
+
+def spare_takes_rank_0(jobs: Jobs, args: list[str], stop: Path) -> Job:
+    """:func:`two_nodes_and_a_spare`, then the rank-0 node lost: the spare gets its slot, the
+    survivor keeps its own, both exit 0 once ``stop`` exists. Returns the survivor."""
+    first, spare = two_nodes_and_a_spare(jobs, args, {"STOP_FILE": str(stop)})
+    ranks, lost, survivor, got, again = lose_rank_0(first, spare)
+    assert (got["group_rank"], got["rank"]) == (ranks[lost]["group_rank"], ranks[lost]["rank"])
+    assert (again["group_rank"], again["rank"]) == \
+        (ranks[survivor]["group_rank"], ranks[survivor]["rank"])
+    stop.touch()
+    assert survivor.wait(60) == 0, survivor.output[-4000:]
+    assert spare.wait(60) == 0, spare.output[-4000:]
+    return survivor
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("stable", [True, False], ids=["stable", "torch"])
 def test_a_spare_takes_the_lost_nodes_ranks_and_the_survivor_keeps_its_own(
         jobs: Jobs, tmp_path: Path, stable: bool) -> None:
     # resilient's default, or stable_slots=false: torch's numbering (sorted by pid here, the
     # spare started last)
-    store = jobs.start(["--host", "127.0.0.1", "--port", "0"], None,
-                       launcher="fsm-agent store", name="store")
-    store.wait_output("fsm-agent store: listening on", 60)
-    m = re.search(r"listening on 127\.0\.0\.1:(\d+) ", store.output)
-    assert m, store.output
-    port = int(m.group(1))
+    store, port = standalone_store(jobs)
     stop = tmp_path / "stop"
     args = ["--spec", "resilient", "--nnodes", "2:2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -215,13 +236,7 @@ def test_a_spare_takes_the_lost_nodes_ranks_and_the_survivor_keeps_its_own(
                            "keep_alive_interval=1,keep_alive_max_attempt=2",
             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), *FAST,
             *([] if stable else ["--spec-param", "stable_slots=false"])]
-    env = {"STOP_FILE": str(stop)}
-    first = [jobs.start(args, env=env, name=name) for name in ("node_a", "node_b")]
-    for job in first:
-        job.wait_for("slot_*.json", 1, 60)
-    spare = jobs.start(args, env=env, name="node_c")
-    time.sleep(3)  # C waits as a spare (torch's redundancy list): no restart of A and B
-    assert not spare.records("slot_*.json")
+    first, spare = two_nodes_and_a_spare(jobs, args, {"STOP_FILE": str(stop)})
     # lose the node of group rank 0: torch would then renumber the survivor to 0
     ranks, lost, survivor, got, again = lose_rank_0(first, spare)
     if stable:
@@ -237,5 +252,4 @@ def test_a_spare_takes_the_lost_nodes_ranks_and_the_survivor_keeps_its_own(
     stop.touch()
     assert survivor.wait(60) == 0, survivor.output[-4000:]
     assert spare.wait(60) == 0, spare.output[-4000:]
-    os.kill(store.pid, signal.SIGTERM)
-    assert store.wait(20) == 0, store.output
+    stop_store(store)
