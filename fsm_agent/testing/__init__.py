@@ -2,12 +2,13 @@
 
 ``RecordingDriver`` scripts monitor results and records every driver call; the conformance kit
 checks a supervisor against a spec's reference behaviour with hypothesis; ``check_protocol``
-model-checks a spec's part in the job-wide protocol with TLC (docs/job-protocol.md).
+model-checks a spec's part in the job-wide protocol with TLC, and ``check_model`` any model of
+``specs/model`` (docs/job-protocol.md).
 """
 
 from typing import Any
 
-from ._model_check import ModelError, TLCResult, check_protocol, lifecycle_module
+from ._model_check import ModelError, TLCResult, check_model, check_protocol, lifecycle_module
 from ._recording import Call, RecordingDriver, ScriptedRandom, ScriptExhausted, make_result
 
 # The conformance kit needs hypothesis (the `testing` extra); RecordingDriver does not, so the
@@ -58,6 +59,7 @@ __all__ = [
     "TLCResult",
     "Tick",
     "Trace",
+    "check_model",
     "check_protocol",
     "check_script",
     "conformance_machine",
