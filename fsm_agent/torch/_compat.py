@@ -209,6 +209,9 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "_mark_rendezvous_complete"),
     *_points("stable_slots", "init", f"{_DYN}:DynamicRendezvousHandler", "_op_executor",
              "_this_node", "_state_holder", "_settings"),
+    # ... and a full round's waiting nodes turned into spares (spares_wait)
+    *_points("stable_slots", "init", f"{_DYN}:_RendezvousState", "participants", "wait_list",
+             "redundancy_list"),
     # _peers.py: the state holder's dead-node sweep, wrapped, and its state read afresh
     *_points("peer_watch", "attr", f"{_DYN}:_BackendRendezvousStateHolder", "_sanitize"),
     *_points("peer_watch", "init", f"{_DYN}:_BackendRendezvousStateHolder", "_dead_nodes",

@@ -60,7 +60,8 @@ from typing import Any, TypeVar
 
 from fsm_agent.torch._compat import enabled
 
-__all__ = ["SLOTS_ATTR", "STABLE_SLOTS_PARAM", "assign_slots", "install_stable_slots"]
+__all__ = ["SLOTS_ATTR", "STABLE_SLOTS_PARAM", "assign_slots", "install_stable_slots",
+           "spares_wait"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -92,6 +93,27 @@ def assign_slots(previous: Mapping[N, int], participants: Iterable[N]) -> dict[N
     return slots
 
 
+def spares_wait(state: Any, max_nodes: int) -> None:
+    """A round that completes full leaves its waiting nodes in torch's redundancy list.
+
+    torch's join (2.13, ``_RendezvousJoinOp``) puts a node that finds the round complete with
+    room to spare on the wait list, and one that finds it full on the redundancy list, but never
+    moves a node already waiting when a round fills up: it stays on the wait list, every
+    participant's ``num_nodes_waiting`` counts it, the group restarts for it at once, the next
+    round fills up again without it, and so on. With two spares after a loss that storm never
+    settles (``tests/torch/test_spares.py``). A waiting node that cannot take part is a spare:
+    in the redundancy list it waits as torch's own spares do, and joins the wait list again as
+    soon as the round loses a participant.
+    """
+    if len(state.participants) < max_nodes or not state.wait_list:
+        return
+    waiting = sorted(state.wait_list)
+    state.redundancy_list.update(waiting)
+    state.wait_list.clear()
+    logger.info("rendezvous round %s is full: %s wait as spares", state.round,
+                ", ".join(map(str, waiting)))
+
+
 def _executor_class() -> type[Any]:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
 
@@ -103,6 +125,7 @@ def _executor_class() -> type[Any]:
         def _mark_rendezvous_complete(self) -> None:
             super()._mark_rendezvous_complete()
             state = self._state
+            spares_wait(state, self._settings.max_nodes)
             previous = getattr(state, SLOTS_ATTR, None)
             slots = assign_slots(previous if isinstance(previous, dict) else {},
                                  state.participants)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from fsm_test_procs import FAST, Job, Jobs, jobs_fixture, standalone_store, stop_store
 
-from fsm_agent.torch._slots import assign_slots, install_stable_slots
+from fsm_agent.torch._slots import assign_slots, install_stable_slots, spares_wait
 
 SLOT_WORKER = Path(__file__).parent / "scripts" / "slot_worker.py"
 
@@ -32,6 +32,19 @@ def test_assign_slots_keeps_what_it_can_and_fills_in_sorted_order() -> None:
     assert assign_slots({"a": 0, "b": 1, "c": 2}, ["c", "d", "e", "f"]) == \
         {"c": 2, "d": 0, "e": 1, "f": 3}
     assert assign_slots({"a": 5, "b": 5}, ["a", "b"]) == {"a": 0, "b": 1}  # garbage in
+
+
+def test_a_round_that_completes_full_turns_its_waiting_nodes_into_spares() -> None:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
+
+    nodes = [dyn._NodeDesc("127.0.0.1", pid, 0) for pid in (1, 2, 3, 4)]
+    state = dyn._RendezvousState()
+    state.participants = {nodes[0]: 0, nodes[1]: 1}
+    state.wait_list = {nodes[2], nodes[3]}
+    spares_wait(state, max_nodes=3)  # room left: they wait for the next round (torch's growth)
+    assert state.wait_list == {nodes[2], nodes[3]} and not state.redundancy_list
+    spares_wait(state, max_nodes=2)  # full: nobody can join, nothing to restart for
+    assert not state.wait_list and state.redundancy_list == {nodes[2], nodes[3]}
 
 
 # -- torch's real rendezvous, in threads ---------------------------------------------------------
