@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ._context import Context, Guard
 
-__all__ = ["GUARDS", "PEER_LOST_GUARD", "lost_peers"]
+__all__ = ["GUARDS", "PEER_LOST_GUARD", "describe_lost", "lost_peers"]
 
 log = logging.getLogger("fsm_agent")
 
@@ -37,11 +37,15 @@ def lost_peers(ctx: Context) -> tuple[str, ...]:
     return tuple(str(node) for node in ask())
 
 
+def describe_lost(nodes: tuple[str, ...]) -> str:
+    """The words for lost nodes, in the guard's log line and the exit barrier's."""
+    return f"lost node(s) of the job: {', '.join(nodes)} (their agent's keep-alive stopped)"
+
+
 def _peer_lost(ctx: Context) -> bool:
     lost = lost_peers(ctx)
     if lost:
-        log.warning("[%s] lost node(s) of the job: %s (their agent's keep-alive stopped)",
-                    ctx.role, ", ".join(lost))
+        log.warning("[%s] %s", ctx.role, describe_lost(lost))
     return bool(lost)
 
 

@@ -360,12 +360,7 @@ class ReferenceRun:
             no_use = codes and all(c in no_retry for c in codes)  # retrying cannot help
             infra = codes and all(c in self.params.get("infra_exit_codes", ()) for c in codes)
             if resilient and tick.peer_lost:
-                # another node was lost: its own budget, restarted at once, never max_restarts
-                if self._replacements < self.params["node_replacements"]:
-                    self._replacements += 1
-                    self._restart()
-                else:
-                    self._give_up(result, observed)
+                self._replace_lost(result, observed)
             elif resilient and (no_use or 0 < stalled <= self.stalled_restarts):
                 # a no-retry failure, or no_progress_restarts restarts in a row without progress
                 self._give_up(result, observed, exit_code=self.params["no_requeue_exit_code"])
@@ -384,13 +379,8 @@ class ReferenceRun:
             else:
                 self._give_up(result, observed)
         elif observed == "HEALTHY" and resilient and tick.peer_lost:
-            # a node of the round was lost while the workers ran: they would block at their
-            # next collective; the same budget as a failure that follows a loss
-            if self._replacements < self.params["node_replacements"]:
-                self._replacements += 1
-                self._restart()
-            else:
-                self._give_up(result, observed)
+            # lost while the workers ran (they would block at their next collective)
+            self._replace_lost(result, observed)
         elif observed == "HEALTHY":
             self._call("num_nodes_waiting")
             if tick.nodes_waiting > 0:
@@ -433,6 +423,14 @@ class ReferenceRun:
             self._call("kill_workers")
         self.state = "FAILED"  # PREEMPTED reports FAILED
         self.outcome = Raised("Preempted", reason, exit_code=code)
+
+    def _replace_lost(self, result: Any, observed: str) -> None:
+        """Another node was lost: its own budget, restarted at once, never max_restarts."""
+        if self._replacements < self.params["node_replacements"]:
+            self._replacements += 1
+            self._restart()
+        else:
+            self._give_up(result, observed)
 
     def _give_up(self, result: Any, observed: str, exit_code: int | None = None) -> None:
         if exit_code is not None:

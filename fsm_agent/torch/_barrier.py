@@ -46,6 +46,8 @@ from typing import Any
 
 __all__ = ["ABORT_EVERY", "POLL_INTERVAL", "BarrierAborted", "interruptible_barrier"]
 
+logger = logging.getLogger("fsm_agent.torch")
+
 #: Longest pause between two looks at the store when the barrier has to poll (the fallback): the
 #: bound on how late an agent leaves after the last one arrives. A ``store.check`` is one
 #: loopback round trip (~0.1 ms).
@@ -56,8 +58,6 @@ ABORT_EVERY = 1.0
 
 # Longest a connection of the barrier's own may take to open (normally a few milliseconds).
 _CLONE_TIMEOUT = 2.0
-logger = logging.getLogger("fsm_agent.torch")
-
 # The store's clock and ours may disagree on when the timeout ran out by this much.
 _CLOCK_SLACK = 0.05
 

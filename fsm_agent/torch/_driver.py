@@ -14,6 +14,7 @@ from torch.distributed.elastic.metrics.api import getStream as _get_stream
 from fsm_agent._drain import PREEMPTED_OUTCOME, Preemption
 from fsm_agent._health import CheckResult, HealthCheck
 from fsm_agent._job import ANY
+from fsm_agent._peers import describe_lost
 from fsm_agent._progress import Mark
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._errorfiles import tolerant_error_files
@@ -301,9 +302,7 @@ class TorchDriver:
     def _lost_at_barrier(self) -> str | None:
         """Why the exit barrier can never be released: a peer of the round lost (None: none)."""
         lost = self.lost_peers()
-        if not lost:
-            return None
-        return f"lost node(s) of the job: {', '.join(lost)} (their agent's keep-alive stopped)"
+        return describe_lost(lost) if lost else None
 
     def release_exit_barrier(self) -> None:
         """Release the current round's exit barrier for every agent waiting at it: the job's

@@ -57,6 +57,8 @@ LOST_ATTR = "lost"
 #: How long a recorded loss is kept on the state (a lost node never comes back: its descriptor
 #: names its agent process).
 KEEP_LOST = timedelta(hours=1)
+#: The attribute of torch's state holder with the nodes its last sync knew to be lost.
+GONE_ATTR = "_fsm_gone"
 #: How often :meth:`PeerWatch.lost` reads the state while a peer is unaccounted for.
 POLL = 0.25
 
@@ -85,6 +87,9 @@ class PeerWatch:
                 return
             torch_sanitize(me)
             PeerWatch._record(me.state, me._dead_nodes)
+            # what lost(wait=False) answers from, without the heartbeat lock: the keep-alive
+            # thread holds it across its store calls, which a partition can stall for a minute
+            setattr(me, GONE_ATTR, frozenset(_gone(me)))
 
         holder._sanitize = sanitize
 
@@ -126,9 +131,9 @@ class PeerWatch:
         """The peers of the current round that torch's keep-alive says are lost; empty when
         every peer is alive or left the round, or nothing is known within :meth:`bound`.
 
-        ``wait=False`` asks no store and waits for nothing: what this agent's own keep-alive
-        (torch's timer thread, which reads the state every ``keep_alive_interval``) last found,
-        for a question asked on every monitor tick or while waiting at the exit barrier.
+        ``wait=False`` asks no store, takes no lock and waits for nothing: what the last sync of
+        the state found (torch's keep-alive thread syncs every ``keep_alive_interval``), for a
+        question asked on every monitor tick or while waiting at the exit barrier.
         """
         peers = self._peers
         if not peers:
@@ -136,8 +141,7 @@ class PeerWatch:
         handler = self._handler
         holder = self._holder
         if not wait:
-            with handler._heartbeat_lock:
-                return _named(peers & _gone(holder))
+            return _named(peers & getattr(holder, GONE_ATTR, frozenset()))
         first: dict[Any, Any] = {}
         deadline = time.monotonic() + self.bound()
         while True:
