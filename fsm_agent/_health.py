@@ -21,6 +21,9 @@ Built-ins:
   real ``TCPStore`` client, not just a connect: a listening socket whose server is wedged fails).
 - :func:`command_succeeds`: a user command exits 0 within the budget (``nvidia-smi``, a NIC
   test, a mount check); its last output line is the reason when it fails.
+- ``clean_slate``: no process of the node's earlier attempts is left running; the driver ends
+  those it finds and waits up to the budget (the torch driver: ``fsm_agent.torch._slate``). One
+  still there is in uninterruptible sleep, and the node should not start beside it.
 """
 
 from __future__ import annotations
@@ -212,10 +215,22 @@ class HealthCheck:
         """The longest it may take (seconds)."""
         return float(self.args.get("timeout", 0.0))
 
-    def run(self, store: tuple[str, int] | None = None) -> CheckResult:
+    def run(self, store: tuple[str, int] | None = None,
+            slate: Callable[[float], str | None] | None = None) -> CheckResult:
         """Run it; ``store``: the rendezvous store's (host, port), for ``store_reachable``
-        without an ``endpoint`` of its own."""
+        without an ``endpoint`` of its own; ``slate``: the driver's ``clean_slate`` (ends what
+        earlier attempts left, waits up to the timeout given, returns what survived as one line,
+        None for none)."""
         a = self.args
+        if self.kind == "clean_slate":
+            if slate is None:
+                return CheckResult(self.name, True, "skipped: this driver does not track its "
+                                   "workers' processes")
+            t0 = time.monotonic()
+            left = slate(a["timeout"])
+            return CheckResult(self.name, left is None,
+                               left or "no process of an earlier attempt is running",
+                               time.monotonic() - t0)
         if self.kind == "disk_free":
             return disk_free(a["paths"], a["min_free"], timeout=a["timeout"], name=self.name)
         if self.kind == "command_succeeds":
@@ -277,6 +292,11 @@ def _command_kind(command: str, timeout: float) -> Callable[..., bool]:
         "command": command, "timeout": _positive("timeout", timeout)}))
 
 
+def _slate_kind(timeout: float) -> Callable[..., bool]:
+    return _check_guard(HealthCheck("clean_slate", "clean_slate",
+                                    {"timeout": _positive("timeout", timeout)}))
+
+
 class LeftJob(Exception):
     """The agent left the job on purpose (a node health check failed): ``exit_code`` and a
     one-line ``reason``. Not a failure of the job: the other agents go on without this one."""
@@ -316,6 +336,9 @@ GUARD_KINDS: dict[str, Kind] = {
                              description="the command (a parameter the user sets; empty "
                              "passes) exits 0 within `timeout`",
                              user_only={"command"}),
+    "clean_slate": Kind(_slate_kind, {"timeout": "duration"}, "timeout", {},
+                        description="no process of an earlier attempt is left running (those "
+                        "left are SIGKILLed, then waited for up to `timeout`)"),
 }
 
 #: ``leave_job``: the terminal action of a node that failed its health checks.

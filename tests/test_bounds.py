@@ -26,10 +26,10 @@ def backoffs(n: int, initial: float = 1.0, factor: float = 2.0, cap: float = 60.
 
 def health_checks(joins: int, params: dict[str, Any] | None = None, *, busy: bool = False) -> float:
     """What the resilient preset's node health checks before every (re)join add to its slowest
-    loop: each check's budget; by default only the store check has something to do (no disk
-    paths, no command are configured), with ``busy`` all three do."""
+    loop: each check's budget; by default only the store and clean-slate checks have something
+    to do (no disk paths, no command are configured), with ``busy`` all four do."""
     budget = health_budget(load_spec("resilient"), params)
-    return joins * (sum(budget.values()) if busy else budget["store_ok"])
+    return joins * (sum(budget.values()) if busy else budget["store_ok"] + budget["slate_ok"])
 
 
 def slowest_loop(limits: Limits) -> float:
@@ -154,7 +154,7 @@ def test_health_checks_are_never_run_and_count_their_budget_when_they_have_work(
     assert fast.seconds == pytest.approx(sum(backoffs(3)))
     joins = LIMITS.max_restarts + 1
     expected = health_checks(joins, {**params, "health_command_timeout": 45.0}, busy=True)
-    assert slow.spent["health checks"] == pytest.approx(expected) == joins * (10 + 10 + 45)
+    assert slow.spent["health checks"] == pytest.approx(expected) == joins * (10 + 10 + 45 + 10)
     assert slow.seconds == pytest.approx(slowest_loop(LIMITS) + sum(backoffs(3)) + expected)
 
 

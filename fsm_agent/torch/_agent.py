@@ -60,6 +60,7 @@ from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
 from fsm_agent.torch._sentinel import SentinelMixin
+from fsm_agent.torch._slate import CleanSlateMixin
 from fsm_agent.torch._slots import STABLE_SLOTS_PARAM, install_stable_slots
 from fsm_agent.torch._tick import QuietTicks
 from fsm_agent.torch._wakeup import WorkerExitWaker
@@ -747,12 +748,13 @@ def _weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-# the sentinel, drains, hang watchdog, process-group reaping and warm starts
-# (fsm_agent.torch._sentinel, _drain, _heartbeat, _reaper, _preload)
+# the sentinel, drains, a clean slate per start, hang watchdog, process-group reaping and warm
+# starts (fsm_agent.torch._sentinel, _drain, _slate, _heartbeat, _reaper, _preload)
 class FSMElasticAgent(  # type: ignore[misc]
     SentinelMixin,
     DrainMixin,
     LifecycleAgentMixin,
+    CleanSlateMixin,
     HangWatchdogMixin,
     ProcessGroupReaperMixin,
     WarmStartMixin,

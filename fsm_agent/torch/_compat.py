@@ -64,6 +64,9 @@ FEATURES: dict[str, str] = {
                      "watchdog handles them",
     "reaper": "stopping the processes a worker started in its own session; without it they may "
               "outlive the workers, as under torch",
+    "clean_slate": "no process of an earlier attempt (a worker's setsid child) running when the "
+                   "workers start again; without it such processes run on beside them, as under "
+                   "torch",
     "preload": "--preload: script workers forked from a template that imported their modules; "
                "without it they start cold, as under torch",
     "error_files": "a worker's unreadable error file is that failure's message; without it the "
@@ -220,6 +223,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "last_heartbeats"),
     *_points("peer_watch", "init", f"{_DYN}:DynamicRendezvousHandler", "_heartbeat_lock",
              "_state_holder", "_this_node", "_settings"),
+    # _slate.py: torch hands every worker's environment to this hook just before the start
+    *_points("clean_slate", "attr", f"{_LOCAL}:LocalElasticAgent", "_setup_local_watchdog"),
     # _reaper.py
     *_points("reaper", "init", f"{_MP}:SubprocessContext", "subprocess_handlers"),
     *_points("reaper", "init",

@@ -369,7 +369,8 @@ class TorchDriver:
     def check_health(self, check: HealthCheck) -> CheckResult:
         """Run a node health check (a spec guard); the result goes to the trace's diagnostics and,
         if it failed, is the reason ``leave_job`` gives."""
-        result = check.run(store=_rendezvous_store(self.worker_group.spec.rdzv_handler))
+        result = check.run(store=_rendezvous_store(self.worker_group.spec.rdzv_handler),
+                           slate=getattr(self.agent, "_fsm_slate_reason", None))
         self._health.append(result)
         note = getattr(self.agent, "_fsm_note_health", None)
         if note is not None:

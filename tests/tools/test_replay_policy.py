@@ -75,7 +75,8 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
                                 "checkpoint_path": "", "no_progress_restarts": "3",
                                 "infra_exit_codes": "[]", "infra_restarts": "3",
                                 "backoff_reset_on_progress": "false",
-                                "stable_slots": "true", "node_replacements": "inf"}
+                                "stable_slots": "true", "node_replacements": "inf",
+                                "clean_slate_timeout": "10s"}
     recs = steps(path)
     failed = [r for r in recs if r["trigger"] == "failed"]
     assert [(r["dest"], r["rule"]) for r in failed] == [("BACKOFF", "retry")] * 3 + [

@@ -195,6 +195,8 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
         assert used["watchdog"] == "FileTimerServer"  # torch's own
     elif feature == "reaper":
         assert agent._worker_process_groups() == []
+    elif feature == "clean_slate":  # the workers are not marked, so nothing is looked for
+        assert agent._fsm_slate_token == ""
     elif feature == "preload":  # no template was started: the workers start cold
         assert any("--preload json: not with this torch" in r.getMessage()
                    for r in caplog.records)

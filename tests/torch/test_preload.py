@@ -26,7 +26,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 WORKER = SCRIPTS / "preload_worker.py"
 # Different for every job by nature (ports, ids, times, pids, the job's own directory).
 VOLATILE_ENV = ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
-                "FSM_AGENT_SENTINEL", "FSM_AGENT_PROGRESS_DIR")
+                "FSM_AGENT_SENTINEL", "FSM_AGENT_WORKER", "FSM_AGENT_PROGRESS_DIR")
 
 
 def _job(jobs: Jobs, name: str, env: dict[str, str], *extra: str) -> Job:
