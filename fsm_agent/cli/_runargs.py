@@ -28,8 +28,9 @@ __all__ = ["ArgError", "check_args", "parse_args"]
 # Rendezvous settings (--rdzv-conf KEY=VALUE) that are durations in seconds.
 _RDZV_DURATIONS = ("join_timeout", "last_call_timeout", "close_timeout", "timeout",
                    "read_timeout", "keep_alive_interval", "heartbeat")
-# Keys only one backend reads: any value passes through to the others, as under torchrun.
-_RDZV_BACKEND_ONLY = {"timeout": "etcd"}
+# Keys only some backends read: any value passes through to the others, as under torchrun.
+# `timeout` is etcd v1's rendezvous timeout and the static backend's TCPStore timeout.
+_RDZV_BACKEND_ONLY = {"timeout": ("etcd", "static")}
 _RDZV_COUNTS = ("keep_alive_max_attempt",)
 _NPROC_NAMES = ("auto", "cpu", "gpu", "xpu")
 
@@ -83,7 +84,7 @@ def _rdzv_conf(value: str, backend: str) -> None:
         key = key.strip()
         if not key or not sep:
             raise ArgError(f"--rdzv-conf must be KEY=VALUE[,KEY=VALUE...], got {item!r}")
-        if _RDZV_BACKEND_ONLY.get(key, backend) != backend:
+        if backend not in _RDZV_BACKEND_ONLY.get(key, (backend,)):
             continue
         if key in _RDZV_DURATIONS:
             _seconds(f"--rdzv-conf {key}", val.strip())
@@ -157,6 +158,17 @@ def _trace_file(value: str | None) -> None:
         raise ArgError(f"--trace {value}: {e.strerror or e}") from None
 
 
+def rdzv_backend_in_effect(args: argparse.Namespace) -> str:
+    """The backend torchrun runs with: ``--standalone``, and the default ``static`` on one node
+    without an endpoint or ``--master-port``, are c10d (``torch.distributed.run.run``)."""
+    if args.standalone:
+        return "c10d"
+    if (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
+            and int(args.nnodes.rpartition(":")[2]) == 1):
+        return "c10d"
+    return str(args.rdzv_backend)
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Check parsed ``fsm-agent run`` arguments; raise :class:`ArgError` on the first problem."""
     if args.max_restarts < 0:
@@ -185,7 +197,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ArgError(f"--node-rank must be >= 0, got {args.node_rank}")
     if args.master_port is not None and not 0 <= args.master_port <= 65535:
         raise ArgError(f"--master-port must be a port number (0-65535), got {args.master_port}")
-    _rdzv_conf(args.rdzv_conf, args.rdzv_backend)
+    _rdzv_conf(args.rdzv_conf, rdzv_backend_in_effect(args))
     _log_dir(args.log_dir)
     _trace_file(getattr(args, "trace", None))
     if getattr(args, "trace_backups", 1) < 0:

@@ -162,6 +162,8 @@ def _size(text: str) -> int:
 
 def _prepare(args: argparse.Namespace) -> None:
     # torch.distributed.run.run()'s own defaulting, done before config_from_args.
+    from ._runargs import rdzv_backend_in_effect
+
     if args.standalone:
         args.rdzv_backend = "c10d"
         args.rdzv_endpoint = "localhost:0"
@@ -178,14 +180,11 @@ def _prepare(args: argparse.Namespace) -> None:
             args.rdzv_endpoint,
             args.rdzv_id,
         )
-    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
-        from torch.distributed.run import parse_min_max_nnodes
-
-        _, max_nodes = parse_min_max_nnodes(args.nnodes)
-        if max_nodes == 1:
-            args.rdzv_backend = "c10d"
-            args.rdzv_endpoint = "localhost:0"
-            args.rdzv_id = str(uuid.uuid4())
+    elif rdzv_backend_in_effect(args) != args.rdzv_backend:
+        # one node on the default static backend
+        args.rdzv_backend = "c10d"
+        args.rdzv_endpoint = "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = 29500
     if args.local_addr is None and args.rdzv_backend == "c10d" and _loopback_endpoint(

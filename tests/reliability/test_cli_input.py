@@ -65,6 +65,9 @@ CASES = {
     "zero-rdzv-timeout": (["--rdzv-conf", "join_timeout=0"], "--rdzv-conf join_timeout"),
     "zero-etcd-timeout": (["--rdzv-backend", "etcd", "--rdzv-conf", "timeout=0"],
                           "--rdzv-conf timeout must be > 0"),
+    # static's store timeout: torch's TCPStore then fails to connect after 0 ms
+    "zero-static-timeout": (["--nnodes", "2", "--master-addr", "127.0.0.1", "--rdzv-conf",
+                             "timeout=0"], "--rdzv-conf timeout must be > 0"),
     "no-python-and-module": (["--no-python", "-m"],
                              "--no-python and -m/--module cannot be used together"),
     "bad-rdzv-conf": (["--rdzv-conf", "oops"], "--rdzv-conf must be KEY=VALUE"),
@@ -85,14 +88,29 @@ def test_bad_flag_value(case: str, script: Path, no_start: None,
 
 
 @pytest.mark.timeout(60)
-def test_a_key_only_etcd_reads_is_not_checked_for_another_backend(
-        script: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``timeout`` is etcd v1's; c10d ignores it, and torchrun runs with ``timeout=0``."""
+@pytest.mark.parametrize("flags", [
+    ["--rdzv-backend", "c10d"], ["--rdzv-backend", "etcd-v2"], ["--standalone"],
+    [],  # one node on the default static backend: torchrun runs it on c10d
+])
+def test_a_key_only_etcd_and_static_read_is_not_checked_for_another_backend(
+        script: Path, flags: list[str]) -> None:
+    """``timeout`` is etcd v1's and static's; the dynamic backends ignore it, and torchrun runs
+    with ``timeout=0``."""
     from fsm_agent.cli._runargs import parse_args
 
-    args = parse_args(_run.build_parser(), ["--rdzv-backend", "c10d", "--rdzv-conf",
-                                            "timeout=0,join_timeout=5", str(script)])
+    args = parse_args(_run.build_parser(), [*flags, "--rdzv-conf", "timeout=0,join_timeout=5",
+                                            str(script)])
     assert args.rdzv_conf == "timeout=0,join_timeout=5"
+
+
+@pytest.mark.timeout(60)
+def test_a_zero_exit_barrier_timeout_is_taken_as_torchrun_takes_it(script: Path) -> None:
+    """docs/reliability.md: 0 waits for nobody at the exit barrier; only a negative one is
+    refused."""
+    from fsm_agent.cli._runargs import parse_args
+
+    args = parse_args(_run.build_parser(), ["--exit-barrier-timeout", "0", str(script)])
+    assert args.exit_barrier_timeout == 0
 
 
 @pytest.mark.timeout(60)
