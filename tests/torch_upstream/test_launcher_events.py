@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 from torch.distributed.elastic import events
 from torch.distributed.elastic.agent.server.health_check_server import HealthCheckServer
+from torch.distributed.elastic.agent.server.local_elastic_agent import (
+    LocalElasticAgent,
+    _AliveCallbackProxy,
+)
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, launch_agent
@@ -59,36 +63,41 @@ def test_the_launcher_records_the_agent_event_torch_records(
 
 
 class _Server(HealthCheckServer):
-    """torch's no-op server, as a caller that started one before the agent existed has it."""
+    """torch's no-op server on torch's ``_AliveCallbackProxy``, as a caller that started one
+    before the agent existed has it; it remembers being stopped."""
+
+    stopped = False
 
     def __init__(self) -> None:
-        self.delegate: Any = None
-        self.stopped = False
-        super().__init__(self._alive, port=0, timeout=60)
-
-    def _alive(self) -> int:
-        return -1 if self.delegate is None else int(self.delegate())
-
-    def set_delegate(self, delegate: Any) -> None:  # what torch's _AliveCallbackProxy offers
-        self.delegate = delegate
+        super().__init__(_AliveCallbackProxy(), port=0, timeout=60)
 
     def stop(self) -> None:
         self.stopped = True
+        super().stop()
 
-    @property
-    def alive_callback(self) -> Any:
-        return self
+
+def _served(run: Any) -> tuple[Any, bool]:
+    """Run ``run(server)``: the agent method the server's callback then delegates to, and
+    whether the server was stopped."""
+    server = _Server()
+    assert server.alive_callback() > 0  # the proxy's current time until an agent is wired in
+    run(server)
+    delegate = server.alive_callback._delegate  # type: ignore[attr-defined]
+    return getattr(delegate, "__func__", None), server.stopped
 
 
 @pytest.mark.timeout(120)
 def test_a_health_check_server_given_is_answered_by_the_agent_and_stopped(
         tmp_path: Path) -> None:
-    """torch 2.13's ``launch_agent(..., health_check_server=)``: the agent answers through it
-    and stops it when it shuts down."""
-    server = _Server()
-    seen: list[Any] = []
-    launch(_config(tmp_path), sys.executable, ["-c", HAPPY], lifecycle_spec="torchrun",
-           health_check_server=server, on_agent=seen.append)
-    assert server.delegate is not None and server.delegate.__self__ is seen[0]
-    assert server._alive() > 0  # the agent's own alive time, not the -1 of "nobody answers"
-    assert server.stopped
+    """torch 2.13's ``launch_agent(..., health_check_server=)``: the agent answers through the
+    server's proxy and stops the server when it shuts down, as under torch's launch_agent."""
+    args = ["-c", HAPPY]
+    want = _served(lambda server: launch_agent(_config(tmp_path), sys.executable, args,
+                                               health_check_server=server))
+    agents: list[Any] = []
+    got = _served(lambda server: launch(_config(tmp_path), sys.executable, args,
+                                        lifecycle_spec="torchrun", health_check_server=server,
+                                        on_agent=agents.append))
+    assert want == (LocalElasticAgent._get_alive_time, True), want
+    assert got == want, (got, want)
+    assert isinstance(agents[0], LocalElasticAgent)
