@@ -104,3 +104,42 @@ def test_an_agent_killed_at_the_exit_barrier_leaves_nothing_of_its_finished_work
     os.kill(b.pid, signal.SIGTERM)  # stopped as a user would
     b.wait(30)
     _gone_within(others, BOUND)
+
+
+@pytest.mark.timeout(120)
+def test_an_agent_killed_in_a_restarts_rendezvous_leaves_nothing_of_the_failed_attempt(
+        jobs: Jobs) -> None:
+    # Two nodes: A's workers fail (their families left behind, the setsid daemon out of reach
+    # of the reaper) and A waits in the restart's rendezvous for B, whose agent is stopped
+    # (SIGSTOP) so that the round cannot complete; A is SIGKILLed there.
+    from fsm_test_procs import free_port
+
+    port = free_port()
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", "rdzv", *FAST]
+    a = jobs.start(args, FAMILY, env={"FAIL_ATTEMPT": "0", "GATE": "1"}, name="a")
+    a.wait_listening(port, 60)
+    b = jobs.start(args, FAMILY, name="b")
+    a.wait_for("a0_r*.json", 1, 60)
+    b.wait_for("a0_r*.json", 1, 60)
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        (a.out_dir / "gate").touch()  # A's worker fails now
+        a.wait_output("restart 1 of 1", 30)
+        time.sleep(1.0)  # into the rendezvous, which B cannot join
+        assert a.poll() is None, a.output[-3000:]
+        pids = _everyone(a, "a0_r*.json")
+        assert not a.records("a1_r*.json")
+        daemon = pids[-1]
+        assert alive(daemon), "the failed attempt's setsid daemon is left while A waits"
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait(10)
+        took = _gone_within(pids, BOUND)
+        print(f"rendezvous: the failed attempt's daemon gone {took * 1000:.0f} ms after the "
+              "agent's SIGKILL")
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    os.kill(b.pid, signal.SIGTERM)
+    b.wait(60)
+    _gone_within(_everyone(b, "a0_r*.json"), BOUND)

@@ -1,7 +1,8 @@
 """A worker with a family, as a real trainer has: a ``sleep`` child, a forked Python child (a
 dataloader worker) and a double-forked ``setsid`` daemon, none of which a process-group kill of
 the worker reaches in full. Writes ``a{attempt}_r{rank}.json`` (its pid and its family's) into
-OUT_DIR, then sleeps; with FAIL_ATTEMPT=N it exits 1 on attempt N instead, family left behind;
+OUT_DIR, then sleeps; with FAIL_ATTEMPT=N it exits 1 on attempt N instead, family left behind (with GATE=1 only once
+the file ``gate`` exists in OUT_DIR);
 with EXIT_AFTER=S it exits 0 after S seconds, family left behind."""
 
 import json
@@ -35,7 +36,8 @@ if env.get("FAIL_ATTEMPT") == str(attempt):
     # once every rank of the attempt has its family (else torch stops one mid-way)
     prefix = f"a{attempt}_r"
     while sum(n.startswith(prefix) and n.endswith(".json") for n in os.listdir(env["OUT_DIR"])) \
-            < int(env["WORLD_SIZE"]):
+            < int(env["LOCAL_WORLD_SIZE"]) or (
+                env.get("GATE") == "1" and not os.path.exists(os.path.join(env["OUT_DIR"], "gate"))):
         time.sleep(0.02)
     sys.exit(1)
 time.sleep(float(env.get("EXIT_AFTER", "300")))
