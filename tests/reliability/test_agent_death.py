@@ -143,3 +143,28 @@ def test_an_agent_killed_in_a_restarts_rendezvous_leaves_nothing_of_the_failed_a
     os.kill(b.pid, signal.SIGTERM)
     b.wait(60)
     _gone_within(_everyone(b, "a0_r*.json"), BOUND)
+
+
+@pytest.mark.timeout(90)
+def test_an_agent_killed_with_sigkill_leaves_nothing_of_its_preload_template(
+        jobs: Jobs, tmp_path: Path) -> None:
+    # --preload: the workers are forked from a template process that imported the module, and
+    # the module started a child of its own there, in a session of its own.
+    import json
+
+    started = tmp_path / "template.json"
+    (tmp_path / "starts_a_daemon.py").write_text(
+        "import json, os, subprocess\n"
+        "p = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(started)!r}, 'w').write(json.dumps([os.getpid(), p.pid]))\n")
+    job = jobs.start(["--standalone", "--nproc-per-node", "2", *FAST, "--preload",
+                      "starts_a_daemon"], FAMILY, env={"PYTHONPATH": str(tmp_path)})
+    job.wait_for("a0_r*.json", 2, 60)
+    assert "--preload starts_a_daemon: imported in" in job.output, job.output[-3000:]
+    template, daemon = json.loads(started.read_text())
+    pids = [template, daemon, *_everyone(job, "a0_r*.json")]
+    assert all(alive(p) for p in pids)
+    os.kill(job.pid, signal.SIGKILL)
+    job.wait(10)
+    took = _gone_within(pids, BOUND)
+    print(f"preload: {len(pids)} processes gone {took * 1000:.0f} ms after the agent's SIGKILL")

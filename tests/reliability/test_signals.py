@@ -124,3 +124,40 @@ def test_signal_while_waiting_at_the_exit_barrier(
     # The other agent lost its store with the first one (test_store_loss.py); just end it.
     late.proc.send_signal(signal.SIGTERM)
     late.wait(GRACE + 10)
+
+
+@pytest.mark.timeout(120)
+def test_signal_while_in_a_restarts_rendezvous(jobs: Jobs, tmp_path: Path) -> None:
+    # Two nodes: A's worker fails (its family left: a child, a forked child, a setsid daemon)
+    # and A waits in the restart's rendezvous for B, whose agent is stopped (SIGSTOP).
+    import os
+
+    from reliability_helpers import alive
+
+    family = Path(__file__).parent / "scripts" / "family_worker.py"
+    trace = tmp_path / "a.jsonl"
+    port = free_port()
+    args = ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-backend",
+            "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "rdzv",
+            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), *FAST]
+    a = jobs.start([*args, "--trace", str(trace)], family,
+                   env={"FAIL_ATTEMPT": "0", "GATE": "1"}, name="a")
+    a.wait_listening(port, 60)
+    b = jobs.start(args, family, name="b")
+    a.wait_for("a0_r*.json", 1, 60)
+    b.wait_for("a0_r*.json", 1, 60)
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        (a.out_dir / "gate").touch()
+        a.wait_output("restart 1 of 1", 30)
+        time.sleep(1.0)
+        rec = a.records("a0_r*.json")[0]
+        pids = [int(rec["pid"]), *(int(p) for p in rec["family"])]  # type: ignore[call-overload, union-attr]
+        assert alive(pids[-1]) and not a.records("a1_r*.json")
+        sent = time.monotonic()
+        a.proc.send_signal(signal.SIGTERM)
+        check_ending(a, signal.SIGTERM, trace, pids, sent)
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    b.proc.send_signal(signal.SIGTERM)
+    b.wait(GRACE + 30)

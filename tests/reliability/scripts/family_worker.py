@@ -1,9 +1,9 @@
 """A worker with a family, as a real trainer has: a ``sleep`` child, a forked Python child (a
 dataloader worker) and a double-forked ``setsid`` daemon, none of which a process-group kill of
 the worker reaches in full. Writes ``a{attempt}_r{rank}.json`` (its pid and its family's) into
-OUT_DIR, then sleeps; with FAIL_ATTEMPT=N it exits 1 on attempt N instead, family left behind (with GATE=1 only once
-the file ``gate`` exists in OUT_DIR);
-with EXIT_AFTER=S it exits 0 after S seconds, family left behind."""
+OUT_DIR, then sleeps; with FAIL_ATTEMPT=N it exits 1 on attempt N instead, family left behind
+(with GATE=1 only once the file ``gate`` exists in OUT_DIR); with EXIT_AFTER=S it exits 0 after
+S seconds, family left behind."""
 
 import json
 import os
@@ -35,9 +35,9 @@ os.replace(path + ".tmp", path)
 if env.get("FAIL_ATTEMPT") == str(attempt):
     # once every rank of the attempt has its family (else torch stops one mid-way)
     prefix = f"a{attempt}_r"
+    gate = os.path.join(env["OUT_DIR"], "gate")
     while sum(n.startswith(prefix) and n.endswith(".json") for n in os.listdir(env["OUT_DIR"])) \
-            < int(env["LOCAL_WORLD_SIZE"]) or (
-                env.get("GATE") == "1" and not os.path.exists(os.path.join(env["OUT_DIR"], "gate"))):
+            < int(env["LOCAL_WORLD_SIZE"]) or (env.get("GATE") == "1" and not os.path.exists(gate)):
         time.sleep(0.02)
     sys.exit(1)
 time.sleep(float(env.get("EXIT_AFTER", "300")))
