@@ -8,12 +8,19 @@ per worker per sample), one ``HangDetector.poll()`` of the whole group when a sa
 as a baseline in the same run, one read of ``/proc/PID/stat`` (what ``ps`` reads per process).
 Medians over many repetitions; the CPU share is the poll's cost divided by the sample period
 (``hang_timeout / 10``, between 0.05 s and 5 s).
+
+Then the cost of telling a spin from work: a worker whose main thread ran through a sample has
+its main-thread stack read (one ``py-spy dump --nonblocking``). Timed on a worker that spins
+with torch imported (a real worker's memory map): the wall time of one read and py-spy's own CPU
+time (user + system, from the children's rusage), medians; the CPU share per running worker is
+that CPU time divided by the sample period.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,6 +32,36 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fsm_agent.torch._progress import HangDetector, read_progress, sample_period_for  # noqa: E402
+from fsm_agent.torch._stacks import find_py_spy, main_thread_frames  # noqa: E402
+
+SPINNER = "import torch\ndef spin():\n    x = 0\n    while True:\n        x += 1\nspin()\n"
+
+
+def _stack_cost(reps: int) -> dict[str, float] | None:
+    """Median wall and CPU time (ms) of one main-thread stack read of a spinning torch worker."""
+    py_spy = find_py_spy()
+    if py_spy is None:
+        return None
+    proc = subprocess.Popen([sys.executable, "-c", SPINNER])
+    try:
+        deadline = time.monotonic() + 60
+        while main_thread_frames(proc.pid, py_spy) is None or "spin" not in (
+                main_thread_frames(proc.pid, py_spy) or ("",))[0]:
+            assert time.monotonic() < deadline, "the spinner never showed its stack"
+            time.sleep(0.1)
+        walls, cpus = [], []
+        for _ in range(reps):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            main_thread_frames(proc.pid, py_spy)
+            walls.append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    finally:
+        proc.kill()
+        proc.wait()
+    return {"stack_wall_ms": statistics.median(walls) * 1000,
+            "stack_cpu_ms": statistics.median(cpus) * 1000}
 
 
 def _median_us(fn: Any, reps: int) -> float:
@@ -80,6 +117,19 @@ def main() -> None:
         out["cpu_share"][str(timeout)] = share
         print(f"  hang_timeout {timeout:g} s: a sample every {period:g} s, "
               f"{share * 100:.4f} % of one core")
+    stack = _stack_cost(10 if args.smoke else 100)
+    out["stack"] = stack
+    if stack is None:
+        print("no py-spy: a spin is not told from work, no stack cost")
+    else:
+        print(f"one main-thread stack of a running worker: {stack['stack_wall_ms']:.1f} ms "
+              f"wall, {stack['stack_cpu_ms']:.1f} ms of py-spy's CPU")
+        for timeout in (3.0, 60.0, 1500.0):
+            period = sample_period_for(timeout)
+            share = stack["stack_cpu_ms"] / 1000 / period
+            out["cpu_share"][f"stack {timeout}"] = share
+            print(f"  hang_timeout {timeout:g} s: {share * 100:.3f} % of one core per running "
+                  "worker")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))
 

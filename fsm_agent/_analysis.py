@@ -76,6 +76,7 @@ class FailureInfo:
     timestamp: float | None
     node: str
     hung: bool = False
+    suspect: bool = False  # the stacks of a hang name it: not where the others wait
 
     @property
     def how(self) -> str:
@@ -238,6 +239,10 @@ def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
     raw = rec.data.get("failures")
     if not isinstance(raw, Mapping):
         return ()
+    diagnostics = rec.data.get("diagnostics")
+    found = diagnostics.get("suspects") if isinstance(diagnostics, Mapping) else None
+    named = found.get("suspects") if isinstance(found, Mapping) else None
+    suspects = {str(k) for k in named} if isinstance(named, Mapping) else set()
     out = []
     for key, f in raw.items():
         try:
@@ -265,6 +270,7 @@ def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
             timestamp=_num(f.get("timestamp"), math.nan),
             node=node,
             hung=hung,
+            suspect=str(key) in suspects,
         ))
     return tuple(sorted(out, key=lambda f: f.rank))
 
@@ -465,15 +471,18 @@ def _outcome(lanes: Sequence[Lane]) -> str:
     return "RUNNING" if finals else "EMPTY"
 
 
-def _blame(f: FailureInfo) -> tuple[bool, float, bool]:
+def _blame(f: FailureInfo) -> tuple[bool, bool, float, bool]:
     """Which failure is to blame first: the earliest, but never a rank torch stopped itself.
 
     When one rank fails, torch SIGTERMs the others and lists them as failures too, and a
     failure without an error file is stamped with ``int(time.time())``: truncated to the second,
     a stopped rank often looks earlier than the one that crashed (or ties with it). So a SIGTERM
-    comes after any other failure, and at equal times one with an error file comes first.
+    comes after any other failure, and at equal times one with an error file comes first. In a
+    hang (every rank stopped with SIGTERM) the suspect the stacks name comes first: the rank the
+    others wait for.
     """
-    return (stopped_by_torch(f), _num(f.timestamp, math.inf), f.error_file is None)
+    return (stopped_by_torch(f) and not f.suspect, not f.suspect,
+            _num(f.timestamp, math.inf), f.error_file is None)
 
 
 def _began(x: Incident) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -50,6 +51,7 @@ from fsm_agent.torch._hang import (
     HANG_TIMEOUT_PARAM,
     HUNG_TRIGGER,
     HungRank,
+    find_suspects,
     hang_failures,
     take_stacks,
 )
@@ -62,6 +64,7 @@ from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
 from fsm_agent.torch._sentinel import SentinelMixin
 from fsm_agent.torch._slate import CleanSlateMixin
 from fsm_agent.torch._slots import STABLE_SLOTS_PARAM, install_stable_slots
+from fsm_agent.torch._stacks import find_py_spy, main_thread_frames
 from fsm_agent.torch._tick import QuietTicks
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
@@ -237,10 +240,16 @@ class LifecycleAgentMixin:
         if not self._fsm_hung_trigger or not isinstance(timeout, (int, float)):
             return
         if math.isfinite(timeout) and timeout > 0:
-            self._fsm_hangs = HangDetector(float(timeout))
+            py_spy = find_py_spy()
+            self._fsm_hangs = HangDetector(
+                float(timeout),
+                stacker=None if py_spy is None else functools.partial(main_thread_frames,
+                                                                      py_spy=py_spy),
+                steps=_weak_method(self._fsm_reported_steps))
             logger.info("[%s] hang detection: a group whose workers all make no progress for "
-                        "%g s is hung (sampled every %g s)", lifecycle.context.role, timeout,
-                        self._fsm_hangs.period)
+                        "%g s is hung (sampled every %g s%s)", lifecycle.context.role, timeout,
+                        self._fsm_hangs.period, "" if py_spy else "; without py-spy a rank "
+                        "that spins is not told from one that works")
 
     def _follow_step(self, step: Step) -> None:
         # torch's loop sets worker_group.state at the same points the machine changes state
@@ -528,13 +537,23 @@ class LifecycleAgentMixin:
         hung = "hang" in (self._fsm_diagnostics or {})
         reason = "the group hung" if hung else f"observed {getattr(observed, 'state', '?')}"
         dumps = take_stacks(workers, dict(pcontext.error_files or {}), role=role, reason=reason)
+        found = find_suspects(dumps) if hung else None
         for rank, dump in dumps:
             failure = failures.get(rank)
             if failure is not None and isinstance(getattr(failure, "message", None), str):
-                failure.message = f"{failure.message}; {dump.describe()}"
+                where = found.about(rank) if found is not None else ""
+                failure.message = f"{failure.message}{where}; {dump.describe()}"
         self._fsm_note("stacks", [
             {"rank": rank, "pid": d.pid, "path": d.path, "method": d.method, "error": d.error}
             for rank, d in dumps])
+        if found is not None and found.summary:
+            logger.warning("[%s] %s", role, found.summary)
+            self._fsm_note("suspects", found.as_dict())
+            if observed is not None and found.suspects and failures:
+                # the suspects first: the root cause of a hang is the rank the others wait for
+                first = [r for r in failures if r in found.suspects]
+                observed.failures = {r: failures[r] for r in
+                                     [*first, *(r for r in failures if r not in first)]}
 
     def _stop_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
         # Stopped workers make no progress: the detector watches the next start's.
@@ -647,6 +666,12 @@ class LifecycleAgentMixin:
             job.rendezvous_poll(restart=self._fsm_restart_pending)
 
     # -- progress across attempts (fsm_agent._progress) --------------------------------------
+
+    def _fsm_reported_steps(self) -> dict[int, int]:
+        """The step each local rank last reported (``fsm_agent.progress``)."""
+        directory = self._fsm_progress_dir
+        steps = read_steps(directory) if directory else {}
+        return {int(name[4:]): step for name, step in steps.items() if name[4:].isdigit()}
 
     def _fsm_progress_mark(self) -> Mark:
         """The best step the workers reported through ``fsm_agent.progress`` and the newest file

@@ -35,10 +35,10 @@ from typing import Any
 
 import attrs
 
-from fsm_agent.torch._stacks import StackDump, capture_stacks
+from fsm_agent.torch._stacks import StackDump, capture_stacks, parse_main_thread
 
-__all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "hang_failures", "stacks_dir",
-           "take_stacks"]
+__all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "Suspects", "find_suspects",
+           "hang_failures", "stacks_dir", "take_stacks"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -113,3 +113,85 @@ def take_stacks(
                    "" if all(d.method == "py-spy" for d in dumps) else
                    f" (without Python frames: {next(d.error for d in dumps if d.error)})")
     return [(ranks[d.label], d) for d in dumps]
+
+
+# the module that defines torch's collectives and point-to-point calls (the frame naming the
+# call the user made: its callers are the script, its callees torch's internals)
+_C10D_FILE = "torch/distributed/distributed_c10d.py"
+
+
+def _function(frame: str) -> str:
+    return frame.split(" (", 1)[0]
+
+
+def _collective(frames: tuple[str, ...]) -> str | None:
+    """The torch.distributed call a main thread is in (``all_reduce``), if any: the outermost
+    frame of distributed_c10d.py."""
+    inside = [f for f in frames if _C10D_FILE in f]
+    return _function(inside[-1]) if inside else None
+
+
+@attrs.frozen
+class Suspects:
+    """Who a hung group waits for, from every rank's main-thread stack: ``waiting`` (global rank
+    -> the collective it is in, a victim) and ``suspects`` (global rank -> its innermost frame,
+    a rank elsewhere); ranks without Python frames are in neither."""
+
+    waiting: Mapping[int, str]
+    suspects: Mapping[int, str]
+
+    @property
+    def summary(self) -> str:
+        """One line: ``rank 1 is not in the all_reduce that rank 0 waits in: spin_forever
+        (busy.py:8)``; empty when the stacks say nothing."""
+        calls = sorted(set(self.waiting.values()))
+        waiting = ", ".join(str(r) for r in sorted(self.waiting))
+        if self.suspects and self.waiting:
+            where = ("; ".join(f"rank {r}: {f}" for r, f in sorted(self.suspects.items()))
+                     if len(self.suspects) > 1 else next(iter(self.suspects.values())))
+            ranks = ", ".join(str(r) for r in sorted(self.suspects))
+            return (f"suspect: rank{'s' if len(self.suspects) > 1 else ''} {ranks} "
+                    f"{'is' if len(self.suspects) == 1 else 'are'} not in the "
+                    f"{'/'.join(calls)} that rank{'s' if len(self.waiting) > 1 else ''} "
+                    f"{waiting} wait{'' if len(self.waiting) > 1 else 's'} in: {where}")
+        if self.waiting:
+            inside = "; ".join(f"rank {r}: {c}" for r, c in sorted(self.waiting.items()))
+            return (f"every rank with a Python stack waits in a collective ({inside})"
+                    + (": they do not match" if len(calls) > 1 else ""))
+        return ""
+
+    def about(self, rank: int) -> str:
+        """What the stacks say of ``rank``, for its failure's message (empty if nothing)."""
+        if rank in self.suspects and self.waiting:
+            return f"; suspect: not in the collective the others wait in, in {self.suspects[rank]}"
+        if rank in self.waiting:
+            return f"; waiting in {self.waiting[rank]}"
+        return ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the trace's ``diagnostics``."""
+        return {"waiting": {str(r): c for r, c in sorted(self.waiting.items())},
+                "suspects": {str(r): f for r, f in sorted(self.suspects.items())},
+                "summary": self.summary}
+
+
+def find_suspects(dumps: Sequence[tuple[int, StackDump]]) -> Suspects:
+    """Read the py-spy dumps (global rank, dump) and sort the ranks (:class:`Suspects`)."""
+    waiting: dict[int, str] = {}
+    suspects: dict[int, str] = {}
+    for rank, dump in dumps:
+        if dump.method != "py-spy":
+            continue
+        try:
+            with open(dump.path, encoding="utf-8", errors="replace") as f:
+                frames = parse_main_thread(f.read(1 << 20))
+        except OSError:
+            continue
+        if not frames:
+            continue
+        call = _collective(frames)
+        if call is not None:
+            waiting[rank] = call
+        else:
+            suspects[rank] = frames[0]
+    return Suspects(waiting, suspects)

@@ -1,13 +1,23 @@
-"""Hang detection without any change to the worker's script: is the main thread still running?
+"""Hang detection without any change to the worker's script: does the main thread get anywhere?
 
-A worker's *progress* is read from ``/proc``, never from the worker: the CPU time of its main
-thread (``/proc/PID/task/PID/schedstat``, nanoseconds; ``/proc/PID/task/PID/stat`` in clock ticks
-where the kernel has no schedstat). A Python training script does its work on its main thread
-(it runs the training loop and launches every collective), and a main thread that waits for
-something that never comes (a peer that never sends, a lock never released, a store key never
-set) is not scheduled at all: its CPU time stands still to the nanosecond. Background threads
-are ignored on purpose: gloo's socket loop, NCCL's watchdog, logging and telemetry threads wake
-up regularly in a process whose main thread is stuck, so counting them would hide every hang.
+A worker's *progress* is read from outside, never from the worker. First the CPU time of its
+main thread (``/proc/PID/task/PID/schedstat``, nanoseconds; ``/proc/PID/task/PID/stat`` in clock
+ticks where the kernel has no schedstat). A Python training script does its work on its main
+thread (it runs the training loop and launches every collective), and a main thread that waits
+for something that never comes (a peer that never sends, a lock never released, a store key
+never set) is not scheduled at all: its CPU time stands still to the nanosecond. Background
+threads are ignored on purpose: gloo's socket loop, NCCL's watchdog, logging and telemetry
+threads wake up regularly in a process whose main thread is stuck, so counting them would hide
+every hang.
+
+A main thread that runs may still be stuck: it spins (a busy-wait on a flag, polling a future
+or a queue, NCCL's spinning wait inside a hung collective). So a rank whose main thread ran
+through two samples in a row has its Python stack sampled (``py-spy dump`` of the main thread,
+``fsm_agent.torch._stacks``): it made progress only if the stack differs from the previous
+sample's. A rank that was blocked and then ran (a collective that completed, a sleep that
+ended) made progress without a stack. A step number the worker reports itself
+(``fsm_agent.progress(step)``) that advanced is progress too. Where no stack can be taken (no
+py-spy, no permission, not a Python process) CPU time alone counts, as before.
 
 A main thread that waits for a child process (``subprocess.run``, a shell wrapper started as
 the worker) is judged by that child instead: while the thread sleeps in ``wait()``, the progress
@@ -15,13 +25,14 @@ of its children's main threads counts as its own.
 
 :class:`HangDetector` samples every worker on a fixed period and reports a hang when *every*
 worker of the group has made no progress for ``timeout`` seconds: a lone slow rank is normal
-(its peers wait for it and are idle, it is not); a group in which nobody runs is stuck. The
-report comes at most one sample period after the timeout, counted from the last sample that
+(its peers wait for it and are idle, it is not); a group in which nobody gets anywhere is stuck.
+The report comes at most one sample period after the timeout, counted from the last sample that
 saw progress.
 
-What it cannot see: a main thread that spins while stuck (a busy-wait, NCCL's polling inside a
-hung collective) uses CPU time and counts as progress; torch's own timer API
-(``fsm_agent.torch._heartbeat``) and NCCL's timeout cover those. A main thread that legitimately
+What it cannot tell apart: a healthy loop whose every sample lands on the same line of the same
+function (one Python function calling one CPU-bound C call per step, each longer than
+``timeout``) from a spin there; such a script should call ``fsm_agent.progress(step)``. And a
+spin that moves between lines or functions counts as progress. A main thread that legitimately
 waits longer than ``timeout`` for another thread or process (a checkpoint written by a helper
 thread, a peer node that is slower by more than the timeout) is reported hung: choose a
 ``hang_timeout`` longer than the longest such wait.
@@ -104,19 +115,34 @@ def read_progress(pid: int) -> Progress:
     return Progress(total, tuple(via))
 
 
+def _place(stack: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """Where a stack stands, for telling a spin from work: every frame, but the innermost one's
+    function without its line (a loop's samples land on its different lines: ``while`` and
+    body)."""
+    if not stack:
+        return None
+    return (stack[0].split(" (", 1)[0], *stack[1:])
+
+
 @attrs.frozen
 class HungWorker:
-    """A worker that made no progress: its local rank, pid and for how long (seconds)."""
+    """A worker that made no progress: its local rank, pid and for how long (seconds);
+    ``spinning``: its main thread ran, but its stack stayed at ``where`` (innermost frame)."""
 
     local_rank: int
     pid: int
     idle_for: float
     exited: bool = False
+    spinning: bool = False
+    where: str | None = None
 
     def describe(self, timeout: float) -> str:
         """One line for the failure summary."""
         if self.exited:
             return f"process exited while its peers made no progress for {self.idle_for:.1f} s"
+        if self.spinning:
+            return (f"worker hung: its main thread ran but stayed in {self.where} for "
+                    f"{self.idle_for:.1f} s (hang_timeout {timeout:g} s)")
         return (
             f"worker hung: its main thread made no progress (used no CPU time) for "
             f"{self.idle_for:.1f} s (hang_timeout {timeout:g} s)"
@@ -139,7 +165,10 @@ class HangDetector:
     Call :meth:`watch` after every start of the workers (with their local rank -> pid), then
     :meth:`poll` as often as convenient: it samples whenever a sample period has passed and
     returns the hung workers once the whole group is idle (an empty tuple before that). Each
-    sample costs one small ``/proc`` read per worker (see ``bench/progress_sampling.py``).
+    sample costs one small ``/proc`` read per worker (see ``bench/progress_sampling.py``), and
+    one ``stacker(pid)`` call (a stack, innermost frame first; None if none could be taken) per
+    worker whose main thread ran since the last sample; ``steps()`` gives the step each local
+    rank reported itself (``fsm_agent.progress``).
     """
 
     def __init__(
@@ -149,6 +178,8 @@ class HangDetector:
         period: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         reader: Callable[[int], Progress] = read_progress,
+        stacker: Callable[[int], tuple[str, ...] | None] | None = None,
+        steps: Callable[[], Mapping[int, int]] | None = None,
     ) -> None:
         if not timeout > 0:
             raise ValueError(f"hang timeout must be > 0 seconds, got {timeout!r}")
@@ -156,12 +187,19 @@ class HangDetector:
         self.period = sample_period_for(self.timeout) if period is None else float(period)
         self._clock = clock
         self._read = reader
+        self._stacker = stacker
+        self._steps = steps
         self._pids: dict[int, int] = {}
         self._last: dict[int, int | None] = {}
         self._since: dict[int, float] = {}
+        self._ran: dict[int, bool] = {}
+        self._stack: dict[int, tuple[str, ...] | None] = {}
+        self._spinning: dict[int, bool] = {}
+        self._step: dict[int, int] = {}
         self._gone: set[int] = set()
         self._next = 0.0
         self.samples = 0
+        self.stacks_taken = 0
 
     @property
     def watching(self) -> bool:
@@ -174,6 +212,10 @@ class HangDetector:
         self._pids = dict(pids)
         self._last = {rank: None for rank in self._pids}
         self._since = dict.fromkeys(self._pids, now)
+        self._ran = dict.fromkeys(self._pids, False)
+        self._stack = dict.fromkeys(self._pids)
+        self._spinning = dict.fromkeys(self._pids, False)
+        self._step = dict(self._steps() if self._steps is not None else {})
         self._gone = set()
         self._next = now
         self.samples = 0
@@ -196,20 +238,45 @@ class HangDetector:
         # A fixed grid: late samples do not push the later ones back.
         self._next += self.period * (1 + int((now - self._next) // self.period))
         self.samples += 1
+        steps = self._steps() if self._steps is not None else {}
         idle = True
         for rank, pid in self._pids.items():
-            cpu = self._read(pid).cpu
-            if cpu is None:
-                self._gone.add(rank)
-            elif cpu != self._last[rank]:
-                if self._last[rank] is not None:
-                    self._since[rank] = now
-                self._last[rank] = cpu
+            if self._moved(rank, pid, steps.get(rank)):
+                self._since[rank] = now
             if now - self._since[rank] < self.timeout:
                 idle = False
         if not idle:
             return ()
         return tuple(
-            HungWorker(rank, pid, now - self._since[rank], exited=rank in self._gone)
+            HungWorker(rank, pid, now - self._since[rank], exited=rank in self._gone,
+                       spinning=self._spinning[rank],
+                       where=(self._stack[rank] or (None,))[0] if self._spinning[rank] else None)
             for rank, pid in self._pids.items()
         )
+
+    def _moved(self, rank: int, pid: int, step: int | None) -> bool:
+        """Whether ``rank`` made progress since the last sample (module docstring)."""
+        moved = False
+        if step is not None and step != self._step.get(rank):
+            self._step[rank] = step
+            moved = True
+        cpu = self._read(pid).cpu
+        if cpu is None:
+            self._gone.add(rank)
+            return moved
+        if self._last[rank] is None or cpu == self._last[rank]:
+            if self._last[rank] is not None:  # blocked through the interval
+                self._ran[rank] = self._spinning[rank] = False
+            self._last[rank] = cpu
+            return moved
+        self._last[rank] = cpu
+        woke = not self._ran[rank]
+        self._ran[rank] = True
+        if self._stacker is None:
+            return True  # CPU time is all there is to go by
+        stack = self._stacker(pid)
+        self.stacks_taken += 1
+        same = stack is not None and _place(stack) == _place(self._stack[rank])
+        self._stack[rank] = stack
+        self._spinning[rank] = same and not woke
+        return moved or woke or not same

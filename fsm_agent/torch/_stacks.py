@@ -29,7 +29,8 @@ from pathlib import Path
 
 import attrs
 
-__all__ = ["StackDump", "capture_stacks", "find_py_spy", "stack_functions"]
+__all__ = ["StackDump", "capture_stacks", "find_py_spy", "main_thread_frames", "parse_main_thread",
+           "stack_functions"]
 
 #: Seconds py-spy may take per worker before the /proc fallback is used instead.
 PY_SPY_TIMEOUT = 10.0
@@ -205,3 +206,38 @@ def stack_functions(text: str) -> Sequence[str]:
             names.append(line.strip().split(" (", 1)[0])
     return names
 
+
+
+def parse_main_thread(text: str) -> tuple[str, ...]:
+    """The main thread's frames in a py-spy dump, innermost first (``func (file:line)``)."""
+    frames: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("Thread "):
+            if inside:
+                break
+            inside = line.rstrip().endswith('"MainThread"')
+        elif inside and line.startswith("    ") and line.strip():
+            frames.append(line.strip())
+    return tuple(frames)
+
+
+def main_thread_frames(pid: int, py_spy: str, *, timeout: float = 2.0) -> tuple[str, ...] | None:
+    """One py-spy dump of ``pid``'s main thread (innermost frame first); None when py-spy
+    cannot read it (no permission, not Python, gone, too slow).
+
+    ``--nonblocking``: a blocking dump stops the process (ptrace) to read it, which wakes a
+    sleeping main thread and makes its CPU time move, so that the hang detector, which samples
+    the CPU time too, would see a blocked rank run. A non-blocking read may now and then catch
+    a stack mid-change; the detector then sees progress once, which delays a report and never
+    makes one up.
+    """
+    try:
+        proc = subprocess.run([py_spy, "dump", "--nonblocking", "--pid", str(pid)],
+                              capture_output=True, text=True, errors="replace", timeout=timeout,
+                              stdin=subprocess.DEVNULL, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return parse_main_thread(proc.stdout) or None

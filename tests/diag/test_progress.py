@@ -146,3 +146,100 @@ def test_samples_stay_on_their_grid_and_clear_stops_watching() -> None:
     assert not d.watching and d.poll() == ()
     with pytest.raises(ValueError):
         HangDetector(0)
+
+
+SPIN = ("spin (busy.py:8)", "main (busy.py:20)")
+SPIN_OTHER_LINE = ("spin (busy.py:7)", "main (busy.py:20)")
+
+
+def _run(d: HangDetector, fake: _Fake, step: float, until: float, tick: object) -> float | None:
+    """Poll every ``step`` s until ``until``, calling ``tick(now)`` first; when it hung."""
+    while fake.now <= until:
+        tick(fake.now)  # type: ignore[operator]
+        if d.poll():
+            return fake.now
+        fake.now = round(fake.now + step, 2)
+    return None
+
+
+def test_a_rank_that_spins_in_one_place_is_hung_beside_a_blocked_one() -> None:
+    fake = _Fake()
+    stacks = {100: ("all_reduce (torch/distributed/distributed_c10d.py:2806)",
+                    "main (busy.py:30)"), 101: SPIN}
+    seen: list[int] = []
+
+    def stacker(pid: int) -> tuple[str, ...]:
+        seen.append(pid)
+        # the loop's samples land on its two lines: still one place
+        return SPIN_OTHER_LINE if pid == 101 and len(seen) % 3 == 0 else stacks[pid]
+
+    d = HangDetector(2.0, period=0.5, clock=fake.clock, reader=fake.read, stacker=stacker)
+    fake.cpu = {100: 1, 101: 1}
+    d.watch({0: 100, 1: 101})
+
+    def tick(now: float) -> None:
+        fake.cpu[101] = int(now * 100) + 2  # rank 1's main thread runs all the time
+
+    hung_at = _run(d, fake, 0.5, 10.0, tick)
+    # its first run (t=0.5) counts, as a blocked rank waking; from then on it stays in place
+    assert hung_at == 2.5
+    assert set(seen) == {101}  # the blocked rank is never dumped: its CPU time stood still
+    d.watch({0: 100, 1: 101})
+    fake.now = 0.0
+    hung = ()
+    while not hung:
+        tick(fake.now)
+        hung = d.poll()
+        fake.now += 0.5
+    spinner = next(h for h in hung if h.local_rank == 1)
+    assert spinner.spinning and spinner.where in SPIN + SPIN_OTHER_LINE
+    assert "ran but stayed in spin (busy.py:" in spinner.describe(2.0)
+    assert not next(h for h in hung if h.local_rank == 0).spinning
+
+
+def test_a_running_rank_whose_stack_moves_is_working() -> None:
+    fake = _Fake()
+    frames = [("forward (model.py:10)", "train (t.py:5)"), ("backward (t.py:7)", "train (t.py:5)")]
+    d = HangDetector(1.0, period=0.1, clock=fake.clock, reader=fake.read,
+                     stacker=lambda pid: frames[d.stacks_taken % 2])
+    fake.cpu = {100: 0}
+    d.watch({0: 100})
+    assert _run(d, fake, 0.1, 20.0, lambda now: fake.cpu.update({100: int(now * 100) + 1})) \
+        is None
+
+
+def test_a_rank_that_blocks_and_wakes_in_one_place_is_working() -> None:
+    # a step that waits (a collective, a sleep) longer than a sample, then runs: one place in
+    # the stack, but it woke up
+    fake = _Fake()
+    d = HangDetector(1.0, period=0.1, clock=fake.clock, reader=fake.read,
+                     stacker=lambda pid: SPIN)
+    fake.cpu = {100: 0}
+    d.watch({0: 100})
+
+    def tick(now: float) -> None:
+        if round(now * 10) % 5 == 0:  # runs in one sample of five
+            fake.cpu[100] += 1
+
+    assert _run(d, fake, 0.1, 20.0, tick) is None
+
+
+def test_a_step_the_worker_reports_is_progress_and_without_stacks_cpu_is() -> None:
+    fake = _Fake()
+    step = {"n": 0}
+    d = HangDetector(1.0, period=0.1, clock=fake.clock, reader=fake.read,
+                     stacker=lambda pid: SPIN, steps=lambda: {0: step["n"] // 5})
+    fake.cpu = {100: 0}
+    d.watch({0: 100})
+
+    def tick(now: float) -> None:
+        fake.cpu[100] += 1
+        step["n"] += 1
+
+    assert _run(d, fake, 0.1, 20.0, tick) is None
+    # the same spin with no stacks to read: CPU time is progress, as before
+    fake.now = 0.0
+    d = HangDetector(1.0, period=0.1, clock=fake.clock, reader=fake.read)
+    d.watch({0: 100})
+    assert _run(d, fake, 0.1, 20.0, lambda now: fake.cpu.update({100: fake.cpu[100] + 1})) \
+        is None
