@@ -285,6 +285,7 @@ class JobChannel:
         self.ledger_key = f"{base}/restarts"
         self.finishing_key = f"{base}/finishing"
         self.claims_prefix = f"{base}/claimed"
+        self.notes_prefix = f"{base}/notes"
         self._outcome: JobOutcome | None = None
         self._acked = False
         self._last_poll = -math.inf
@@ -349,6 +350,32 @@ class JobChannel:
             sleep(min(pause, left))
             pause = min(self.poll_interval, pause * 2)
         return True
+
+    # -- notes the agents share (a hang's stacks) ---------------------------------------------
+
+    def share(self, topic: str, round_id: str, value: bytes) -> None:
+        """Add this agent's ``value`` to the notes on ``topic`` for ``round_id`` (a counter
+        numbers them: a store cannot list its keys)."""
+        base = f"{self.notes_prefix}/{topic}/{round_id}"
+        index = int(self.store.add(f"{base}/count", 1))
+        self.store.set(f"{base}/{index}", value)
+
+    def gather(self, topic: str, round_id: str, expected: int, timeout: float,
+               sleep: Callable[[float], object] = time.sleep) -> list[bytes]:
+        """The notes on ``topic`` for ``round_id``, once ``expected`` are in or ``timeout``
+        seconds have passed (then those that are)."""
+        base = f"{self.notes_prefix}/{topic}/{round_id}"
+        deadline = self._clock() + timeout
+        pause = 0.01
+        while True:
+            count = int(self.store.add(f"{base}/count", 0))
+            left = deadline - self._clock()
+            if count >= expected or left <= 0:
+                break
+            sleep(min(pause, left))
+            pause = min(self.poll_interval, pause * 2)
+        keys = [f"{base}/{i}" for i in range(1, count + 1)]
+        return [self.store.get(k) for k in keys if self.store.check([k])]
 
     # -- the finishing flag ------------------------------------------------------------------
 

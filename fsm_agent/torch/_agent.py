@@ -51,8 +51,10 @@ from fsm_agent.torch._hang import (
     HANG_TIMEOUT_PARAM,
     HUNG_TRIGGER,
     HungRank,
+    encode_suspects,
     find_suspects,
     hang_failures,
+    merge_suspects,
     take_stacks,
 )
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
@@ -538,6 +540,14 @@ class LifecycleAgentMixin:
         reason = "the group hung" if hung else f"observed {getattr(observed, 'state', '?')}"
         dumps = take_stacks(workers, dict(pcontext.error_files or {}), role=role, reason=reason)
         found = find_suspects(dumps) if hung else None
+        job = self._fsm_job
+        nodes = group.group_world_size or 1
+        if found is not None and job is not None and nodes > 1:
+            # the other nodes found their hang within about a sample of this one: the job's
+            # suspects are in every node's part
+            period = self._fsm_hangs.period if self._fsm_hangs is not None else 1.0
+            found = merge_suspects(job.pool_notes("suspects", encode_suspects(found), nodes,
+                                                  min(15.0, max(2.0, 3 * period))))
         for rank, dump in dumps:
             failure = failures.get(rank)
             if failure is not None and isinstance(getattr(failure, "message", None), str):

@@ -25,6 +25,7 @@ the trace (``diagnostics``).
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import os
 import signal
@@ -37,8 +38,8 @@ import attrs
 
 from fsm_agent.torch._stacks import StackDump, capture_stacks, parse_main_thread
 
-__all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "Suspects", "find_suspects",
-           "hang_failures", "stacks_dir", "take_stacks"]
+__all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "Suspects", "encode_suspects",
+           "find_suspects", "hang_failures", "merge_suspects", "stacks_dir", "take_stacks"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -173,6 +174,31 @@ class Suspects:
         return {"waiting": {str(r): c for r, c in sorted(self.waiting.items())},
                 "suspects": {str(r): f for r, f in sorted(self.suspects.items())},
                 "summary": self.summary}
+
+
+#: How much of a frame a node shares with the others (the note stays small on the store).
+_FRAME_CHARS = 300
+
+
+def encode_suspects(found: Suspects) -> bytes:
+    """This node's part, for the other nodes (bounded: a frame is cut to 300 characters)."""
+    return json.dumps({"waiting": {str(r): c[:_FRAME_CHARS] for r, c in found.waiting.items()},
+                       "suspects": {str(r): f[:_FRAME_CHARS]
+                                    for r, f in found.suspects.items()}}).encode()
+
+
+def merge_suspects(notes: Sequence[bytes]) -> Suspects:
+    """Every node's part merged: the job's suspects (a note that does not parse is skipped)."""
+    waiting: dict[int, str] = {}
+    suspects: dict[int, str] = {}
+    for raw in notes:
+        try:
+            note = json.loads(raw)
+            waiting.update({int(r): str(c) for r, c in note["waiting"].items()})
+            suspects.update({int(r): str(f) for r, f in note["suspects"].items()})
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return Suspects(waiting, suspects)
 
 
 def find_suspects(dumps: Sequence[tuple[int, StackDump]]) -> Suspects:

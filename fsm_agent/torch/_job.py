@@ -228,6 +228,16 @@ class AgentJob:
         self._count_read = -math.inf
         return count
 
+    def pool_notes(self, topic: str, note: bytes, expected: int, timeout: float) -> list[bytes]:
+        """Share ``note`` on ``topic`` for the current round and gather every agent's (at most
+        ``expected``, waiting at most ``timeout``); only this agent's own if the store fails."""
+        try:
+            self.channel.share(topic, self._round(), note)
+            return self.channel.gather(topic, self._round(), expected, timeout)
+        except STORE_ERRORS:
+            logger.debug("[%s] could not share %s", self.role, topic, exc_info=True)
+            return [note]
+
     def mark_finishing(self) -> None:
         """This agent's workers succeeded and it waits at the exit barrier."""
         try:

@@ -12,11 +12,15 @@ every hang.
 
 A main thread that runs may still be stuck: it spins (a busy-wait on a flag, polling a future
 or a queue, NCCL's spinning wait inside a hung collective). So a rank whose main thread ran
-through two samples in a row has its Python stack sampled (``py-spy dump`` of the main thread,
-``fsm_agent.torch._stacks``): it made progress only if the stack differs from the previous
-sample's. A rank that was blocked and then ran (a collective that completed, a sleep that
-ended) made progress without a stack. A step number the worker reports itself
-(``fsm_agent.progress(step)``) that advanced is progress too. Where no stack can be taken (no
+since the last sample has its Python stack read (``py-spy dump --locals`` of the main thread,
+``fsm_agent.torch._stacks``): after two such samples in a row it made progress only if the
+stack moved. Moved means: the innermost frame's function changed (not its line: a loop's
+samples land on its several lines, and a spin changes its own locals), or a caller's line or
+locals changed (the loop of a caller that went on to its next step changed them; a caller
+waiting for a spin to return did not). A rank that was blocked through a sample and then ran (a
+collective that completed, a sleep that ended) made progress without looking at the stack. A
+step number the worker reports itself (``fsm_agent.progress(step)``) that advanced is progress
+too. Where no stack can be taken (no
 py-spy, no permission, not a Python process) CPU time alone counts, as before.
 
 A main thread that waits for a child process (``subprocess.run``, a shell wrapper started as
@@ -116,12 +120,18 @@ def read_progress(pid: int) -> Progress:
 
 
 def _place(stack: tuple[str, ...] | None) -> tuple[str, ...] | None:
-    """Where a stack stands, for telling a spin from work: every frame, but the innermost one's
-    function without its line (a loop's samples land on its different lines: ``while`` and
-    body)."""
+    """Where a stack stands, for telling a spin from work: the innermost frame by its function
+    alone (a loop's samples land on its several lines, ``while`` and body, and a spin changes
+    its own locals); every caller with its line and its locals (a caller's loop that moved on
+    to its next step changed them, while a caller waiting for a spin to return did not)."""
     if not stack:
         return None
     return (stack[0].split(" (", 1)[0], *stack[1:])
+
+
+def _frame(entry: str) -> str:
+    """``func (file:line)`` of a stack entry (without the locals that may follow it)."""
+    return entry.split("\n", 1)[0]
 
 
 @attrs.frozen
@@ -250,7 +260,8 @@ class HangDetector:
         return tuple(
             HungWorker(rank, pid, now - self._since[rank], exited=rank in self._gone,
                        spinning=self._spinning[rank],
-                       where=(self._stack[rank] or (None,))[0] if self._spinning[rank] else None)
+                       where=_frame(self._stack[rank][0])  # type: ignore[index]
+                       if self._spinning[rank] and self._stack[rank] else None)
             for rank, pid in self._pids.items()
         )
 

@@ -208,23 +208,41 @@ def stack_functions(text: str) -> Sequence[str]:
 
 
 
-def parse_main_thread(text: str) -> tuple[str, ...]:
-    """The main thread's frames in a py-spy dump, innermost first (``func (file:line)``)."""
-    frames: list[str] = []
-    inside = False
+def parse_main_thread(text: str, pid: int | None = None) -> tuple[str, ...]:
+    """The main thread's frames in a py-spy dump, innermost first (``func (file:line)``; with
+    ``--locals``, each frame's argument and local lines follow its own, joined by newlines).
+
+    The main thread is the one named ``MainThread``, else the one whose id is ``pid`` (py-spy
+    names no thread in a process that has only one), else the first listed.
+    """
+    threads: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith("Thread "):
-            if inside:
-                break
-            inside = line.rstrip().endswith('"MainThread"')
-        elif inside and line.startswith("    ") and line.strip():
-            frames.append(line.strip())
-    return tuple(frames)
+            threads.append((line.rstrip(), []))
+        elif threads and line.startswith("        ") and threads[-1][1]:
+            frames = threads[-1][1]
+            frames[-1] += "\n" + line.strip()
+        elif threads and line.startswith("    ") and line.strip():
+            threads[-1][1].append(line.strip())
+    if not threads:
+        return ()
+
+    def pick() -> list[str]:
+        for head, frames in threads:
+            if head.endswith('"MainThread"'):
+                return frames
+        for head, frames in threads:
+            if pid is not None and head.split()[1] in (str(pid), hex(pid)):
+                return frames
+        return threads[0][1]
+
+    return tuple(pick())
 
 
 def main_thread_frames(pid: int, py_spy: str, *, timeout: float = 2.0) -> tuple[str, ...] | None:
-    """One py-spy dump of ``pid``'s main thread (innermost frame first); None when py-spy
-    cannot read it (no permission, not Python, gone, too slow).
+    """One py-spy dump of ``pid``'s main thread with its frames' arguments and locals
+    (:func:`parse_main_thread`; innermost frame first); None when py-spy cannot read it (no
+    permission, not Python, gone, too slow).
 
     ``--nonblocking``: a blocking dump stops the process (ptrace) to read it, which wakes a
     sleeping main thread and makes its CPU time move, so that the hang detector, which samples
@@ -233,11 +251,11 @@ def main_thread_frames(pid: int, py_spy: str, *, timeout: float = 2.0) -> tuple[
     makes one up.
     """
     try:
-        proc = subprocess.run([py_spy, "dump", "--nonblocking", "--pid", str(pid)],
+        proc = subprocess.run([py_spy, "dump", "--nonblocking", "--locals", "--pid", str(pid)],
                               capture_output=True, text=True, errors="replace", timeout=timeout,
                               stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0:
         return None
-    return parse_main_thread(proc.stdout) or None
+    return parse_main_thread(proc.stdout, pid) or None

@@ -112,3 +112,65 @@ def test_without_py_spy_the_dump_says_so(tmp_path: Path) -> None:
     assert d.method == "proc" and d.error is not None and "cannot run" in d.error
     [gone] = capture_stacks({"w": 2**22 + 7}, tmp_path)
     assert gone.method == "proc" and "cannot list the threads" in Path(gone.path).read_text()
+
+
+ONE_THREAD = """Process 18427: python loop.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread 18427 (active+gil)
+    python_step (loop.py:5)
+        Arguments:
+            sec: 0.5
+        Locals:
+            x: 1481742
+    main (loop.py:9)
+        Locals:
+            step: 1
+    <module> (loop.py:10)
+"""
+
+TWO_THREADS = """Process 7: python busy.py
+
+Thread 9 (idle): "Thread-1 (bg)"
+    bg (busy.py:3)
+Thread 7 (active+gil): "MainThread"
+    spin_forever (busy.py:8)
+    <module> (busy.py:9)
+"""
+
+
+def test_the_main_thread_is_found_named_or_by_its_id_with_each_frames_locals() -> None:
+    from fsm_agent.torch._stacks import parse_main_thread
+
+    assert parse_main_thread(TWO_THREADS) == ("spin_forever (busy.py:8)", "<module> (busy.py:9)")
+    frames = parse_main_thread(ONE_THREAD, 18427)  # py-spy names no thread when there is one
+    assert [f.split("\n")[0] for f in frames] == ["python_step (loop.py:5)", "main (loop.py:9)",
+                                                  "<module> (loop.py:10)"]
+    assert frames[1] == "main (loop.py:9)\nLocals:\nstep: 1"
+    assert parse_main_thread("") == ()
+
+
+def test_suspects_are_the_ranks_outside_the_collective_and_every_node_shares_its_part() -> None:
+    from fsm_agent._job import JobChannel, MemoryStore
+    from fsm_agent.torch._hang import Suspects, encode_suspects, merge_suspects
+
+    node_a = Suspects({0: "all_reduce", 1: "all_reduce"}, {})
+    node_b = Suspects({2: "all_reduce"}, {3: "spin_forever (busy.py:28)"})
+    assert node_a.summary == ("every rank with a Python stack waits in a collective (rank 0: "
+                              "all_reduce; rank 1: all_reduce)")
+    assert node_b.summary == ("suspect: rank 3 is not in the all_reduce that rank 2 waits in: "
+                              "spin_forever (busy.py:28)")
+    store = MemoryStore()
+    channels = [JobChannel(store, "job", n) for n in ("a", "b")]
+    channels[0].share("suspects", "4", encode_suspects(node_a))
+    channels[1].share("suspects", "4", encode_suspects(node_b))
+    channels[1].share("suspects", "4", b"not json")
+    merged = merge_suspects(channels[0].gather("suspects", "4", 2, 1.0))
+    assert merged.summary == ("suspect: rank 3 is not in the all_reduce that ranks 0, 1, 2 wait "
+                              "in: spin_forever (busy.py:28)")
+    assert merged.about(0) == "; waiting in all_reduce"
+    assert "in spin_forever (busy.py:28)" in merged.about(3)
+    # a round of its own, and a node that never shares: the gather ends at its timeout
+    assert channels[0].gather("suspects", "5", 2, 0.05) == []
+    mixed = Suspects({0: "all_reduce", 1: "broadcast"}, {})
+    assert mixed.summary.endswith(": they do not match")

@@ -1,9 +1,9 @@
-"""Two ranks, one of which spins instead of blocking: an unmodified busy hang.
+"""Ranks of which one spins instead of blocking: an unmodified busy hang.
 
-On attempt 0 rank 1 spins in a Python function for ever while rank 0 waits for it in
-``all_reduce``; on later attempts both reduce and finish. Each rank writes
-``a{attempt}_r{rank}_{event}.json`` (pid, time) into OUT_DIR: ``waiting`` (rank 0, just before
-the all_reduce), ``spinning`` (rank 1, just before the spin), ``done``.
+On attempt 0 rank SPIN_RANK (default 1) spins in a Python function for ever while the other
+ranks wait for it in ``all_reduce``; on later attempts they all reduce and finish. Each rank
+writes ``a{attempt}_r{rank}_{event}.json`` (pid, time) into OUT_DIR: ``waiting`` (just before the
+all_reduce), ``spinning`` (just before the spin), ``done``.
 """
 
 import json
@@ -32,7 +32,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-        if rank == 1:
+        if rank == int(os.environ.get("SPIN_RANK", "1")):
             record("spinning")
             spin_forever()
         record("waiting")
