@@ -44,6 +44,7 @@ from typing import Protocol, runtime_checkable
 import attrs
 
 from ._errors import TriggerInterrupt
+from ._files import printable
 
 __all__ = [
     "ANY",
@@ -204,12 +205,14 @@ class JobOutcome:
         """Read a store value (anyone who reaches the store may have written it). Anything
         unreadable is still a failed job, exit code 1; so is an exit code that is no failure's
         (0, or outside 1-255, which a shell would turn into 0); node and reason are cut to
-        :data:`MAX_REASON` characters."""
+        :data:`MAX_REASON` characters, their control characters escaped (``\\x1b``)."""
         try:
             data = json.loads(raw)
             code = int(data["exit_code"])
-            node, reason = str(data["node"])[:200], str(data["reason"])[:MAX_REASON]
-            outcome = str(data.get("outcome", "FAILED"))[:20]
+            # escaped: a control sequence in it would clear or recolour the user's terminal
+            node = printable(data["node"], 200)
+            reason = printable(data["reason"], MAX_REASON)
+            outcome = printable(data.get("outcome", "FAILED"), 20)
         except (ValueError, KeyError, TypeError, RecursionError):
             return cls(exit_code=1, node="?", reason=f"unreadable announcement {raw[:80]!r}")
         if not 1 <= code <= 255:
@@ -473,4 +476,4 @@ class JobChannel:
         key = f"{self.claims_prefix}/{round_id}"
         if not self.store.check([key]):
             return None
-        return self.store.get(key).decode(errors="replace")[:200]
+        return printable(self.store.get(key).decode(errors="replace"), 200)

@@ -36,6 +36,7 @@ from typing import Any
 
 import attrs
 
+from fsm_agent._files import printable
 from fsm_agent.torch._stacks import StackDump, capture_stacks, parse_main_thread
 
 __all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "Suspects", "encode_suspects",
@@ -194,8 +195,11 @@ def merge_suspects(notes: Sequence[bytes]) -> Suspects:
     for raw in notes:
         try:
             note = json.loads(raw)
-            waiting.update({int(r): str(c) for r, c in note["waiting"].items()})
-            suspects.update({int(r): str(f) for r, f in note["suspects"].items()})
+            # another node's words, from the store: escaped for the terminal
+            waiting.update({int(r): printable(c, _FRAME_CHARS)
+                            for r, c in note["waiting"].items()})
+            suspects.update({int(r): printable(f, _FRAME_CHARS)
+                             for r, f in note["suspects"].items()})
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return Suspects(waiting, suspects)

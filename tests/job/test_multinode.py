@@ -151,7 +151,10 @@ def test_an_announced_exit_code_that_is_no_failures_still_fails_every_agent(
     b.wait_for("start_*.json", 1, 60)
     store = TCPStore("127.0.0.1", port_of(args), is_master=False,
                      timeout=timedelta(seconds=10))
-    forged = json.dumps({"exit_code": code, "node": "intruder", "reason": "x" * 100_000})
+    # ... and its words reach every agent's terminal: a control sequence in them (clear the
+    # screen, turn the text red) is shown escaped, never sent to the terminal
+    forged = json.dumps({"exit_code": code, "node": "intruder\x1b[1;31m",
+                         "reason": "\x1b[2J\x1b[1;31m" + "x" * 100_000})
     store.compare_set("fsm_agent/job/forged/outcome", "", forged)
     rcs = a.wait(60), b.wait(60)
     assert rcs == (1, 1), (a.output + b.output)[-4000:]
@@ -159,3 +162,4 @@ def test_an_announced_exit_code_that_is_no_failures_still_fails_every_agent(
         last = job.final_message()
         assert f"announced exit code {code} is no failure's" in last, last
         assert len(last) < 2500, len(last)  # the reason is cut to what a line can hold
+        assert "\x1b" not in job.output and "\\x1b[2J\\x1b[1;31mxxx" in last, last
