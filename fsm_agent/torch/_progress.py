@@ -20,8 +20,8 @@ locals changed (the loop of a caller that went on to its next step changed them;
 waiting for a spin to return did not). A rank that was blocked through a sample and then ran (a
 collective that completed, a sleep that ended) made progress without looking at the stack. A
 step number the worker reports itself (``fsm_agent.progress(step)``) that advanced is progress
-too. Where no stack can be taken (no
-py-spy, no permission, not a Python process) CPU time alone counts, as before.
+too. Where no stack can be taken (no py-spy, no permission, not a Python process) CPU time alone
+counts, as before.
 
 A main thread that waits for a child process (``subprocess.run``, a shell wrapper started as
 the worker) is judged by that child instead: while the thread sleeps in ``wait()``, the progress
