@@ -59,7 +59,7 @@ from fsm_agent.torch._hang import (
 )
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
 from fsm_agent.torch._job import JOB_FAILED, STORE_ERRORS, AgentJob
-from fsm_agent.torch._peers import PeerWatch, install_peer_watch
+from fsm_agent.torch._peers import PeerWatch, RoundLost, abortable_bootstrap, install_peer_watch
 from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
 from fsm_agent.torch._reaper import ProcessGroupReaperMixin, record_interruption
@@ -80,6 +80,9 @@ logger = logging.getLogger("fsm_agent.torch")
 # Exceptions torch's SimpleElasticAgent.run() handles itself; the engine must let them through
 # unwrapped (it wraps any other action error in ActionError and moves to UNKNOWN).
 FATAL_EXCEPTIONS: tuple[type[BaseException], ...] = (SignalException, RendezvousGracefulExitError)
+#: How many rounds in a row a rendezvous leaves because their rank 0 was lost before it
+#: published the workers' store (fsm_agent.torch._peers.RoundLost) before it gives up.
+MAX_LOST_ROUNDS = 10
 
 
 def rendezvous_over(error: BaseException) -> bool:
@@ -647,11 +650,25 @@ class LifecycleAgentMixin:
             job.rendezvous_poll(restart=not first)
         self._fsm_restart_pending = not first
         self._fsm_rendezvous_poll()
-        with fast_rendezvous(worker_group.spec.rdzv_handler, first=first,
-                             poll=self._fsm_rendezvous_poll):
-            super()._rendezvous(worker_group)  # type: ignore[misc]
-        if self._fsm_peer_watch is not None:
-            self._fsm_peer_watch.round_started()
+        watch = self._fsm_peer_watch
+        for _ in range(MAX_LOST_ROUNDS):
+            try:
+                with fast_rendezvous(worker_group.spec.rdzv_handler, first=first,
+                                     poll=self._fsm_rendezvous_poll), (
+                        abortable_bootstrap(watch, self._fsm_rendezvous_poll)
+                        if watch is not None else contextlib.nullcontext()):
+                    super()._rendezvous(worker_group)  # type: ignore[misc]
+                break
+            except RoundLost as e:
+                # torch's next join starts with its exit op: this agent leaves the dead round,
+                # and the next one opens once the keep-alive has dropped the lost node
+                logger.warning("[%s] %s; joining the next round", worker_group.spec.role, e)
+                first = False
+        else:
+            raise RuntimeError(f"{MAX_LOST_ROUNDS} rendezvous rounds in a row lost their "
+                               "rank 0 before it published the workers' store address")
+        if watch is not None:
+            watch.round_started()
 
     def _fsm_lost_peers(self) -> tuple[str, ...]:
         """The peers of this round torch's keep-alive says are lost (the guard ``peer_lost``;

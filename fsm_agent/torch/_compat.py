@@ -223,6 +223,9 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "last_heartbeats"),
     *_points("peer_watch", "init", f"{_DYN}:DynamicRendezvousHandler", "_heartbeat_lock",
              "_state_holder", "_this_node", "_settings"),
+    # ... and the round's MASTER_ADDR wait, made abortable when its rank 0 is lost
+    *_points("peer_watch", "attr", "torch.distributed.elastic.rendezvous.api:RendezvousStoreInfo",
+             "build", "MASTER_ADDR_KEY"),
     # _slate.py: torch hands every worker's environment to this hook just before the start
     *_points("clean_slate", "attr", f"{_LOCAL}:LocalElasticAgent", "_setup_local_watchdog"),
     # _reaper.py

@@ -40,15 +40,17 @@ peer whose agent is alive while its machine is unusable is not lost).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import weakref
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from fsm_agent.torch._compat import enabled
 
-__all__ = ["LOST_ATTR", "PeerWatch", "install_peer_watch"]
+__all__ = ["LOST_ATTR", "PeerWatch", "RoundLost", "abortable_bootstrap", "install_peer_watch"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -170,6 +172,71 @@ class PeerWatch:
                                ", ".join(sorted(map(str, pending))), self.bound())
                 return ()
             time.sleep(POLL)
+
+
+    def round_rank0(self) -> Any | None:
+        """The node that is rank 0 of the round just completed (the one whose agent publishes
+        the workers' store address), from the state as this agent last read it."""
+        with self._handler._heartbeat_lock:
+            participants = dict(self._holder.state.participants)
+        return next((node for node, rank in participants.items() if rank == 0), None)
+
+    def is_lost(self, node: Any) -> bool:
+        """Whether torch's keep-alive has dropped ``node`` (a fresh read of the state)."""
+        with self._handler._heartbeat_lock:
+            self._holder._last_sync_time = -1
+            self._holder.sync()
+            return node in _gone(self._holder)
+
+
+class RoundLost(RuntimeError):
+    """The round just completed lost its rank 0 before that node published the workers' store
+    address: the round can never start; its other agents leave it and join the next one."""
+
+
+#: How often the master-address wait looks at the rendezvous state for a lost rank 0 (seconds).
+RANK0_CHECK = 1.0
+
+
+@contextlib.contextmanager
+def abortable_bootstrap(watch: PeerWatch, poll: Callable[[], None] | None = None
+                        ) -> Iterator[None]:
+    """Inside this block, an agent that is not rank 0 waits for the round's ``MASTER_ADDR``
+    with short store checks (running ``poll`` between them) instead of torch's blocking
+    ``get`` (the store's timeout, 60 s), and raises :class:`RoundLost` once torch's keep-alive
+    has dropped the round's rank 0: a node lost while it waited in the forming round."""
+    from torch.distributed.elastic.rendezvous import api
+
+    info = api.RendezvousStoreInfo
+    original = info.__dict__.get("build")
+    if not isinstance(original, staticmethod):
+        yield
+        return
+    build = original.__func__
+
+    def waiting_build(rank: int, store: Any, local_addr: str | None,
+                      server_port: int | None = None) -> Any:
+        if rank != 0:
+            rank0 = watch.round_rank0()
+            next_look = time.monotonic() + RANK0_CHECK
+            pause = 0.005
+            while not store.check([info.MASTER_ADDR_KEY]):
+                if poll is not None:
+                    poll()
+                if rank0 is not None and time.monotonic() >= next_look:
+                    if watch.is_lost(rank0):
+                        raise RoundLost(f"the round's rank 0 ({rank0}) was lost before it "
+                                        "published the workers' store address")
+                    next_look = time.monotonic() + RANK0_CHECK
+                time.sleep(pause)
+                pause = min(0.1, pause * 2)
+        return build(rank, store, local_addr, server_port)
+
+    info.build = staticmethod(waiting_build)  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        info.build = original  # type: ignore[method-assign]
 
 
 def _gone(holder: Any) -> set[Any]:

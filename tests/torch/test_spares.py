@@ -52,10 +52,6 @@ def _job(jobs: Jobs, tmp_path: Path, run_id: str) -> tuple[Job, list[str], Path,
     return store, _args(port, run_id), stop, {"STOP_FILE": str(stop)}
 
 
-OPEN = pytest.mark.xfail(reason="open: docs/job-protocol.md, Lost peers, limits",
-                         strict=False)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_two_spares_replace_two_lost_nodes_and_the_survivor_keeps_its_slot(
@@ -91,8 +87,7 @@ def test_two_spares_replace_two_lost_nodes_and_the_survivor_keeps_its_slot(
     stop_store(store)
 
 
-@pytest.mark.long
-@OPEN
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_node_lost_while_waiting_in_the_rendezvous_is_not_waited_for(
         jobs: Jobs, tmp_path: Path) -> None:
