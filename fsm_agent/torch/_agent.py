@@ -134,6 +134,7 @@ class LifecycleAgentMixin:
     _remaining_restarts: int
     _exit_barrier_timeout: float
     _fsm_restarts_seen: int = 0  # restart_count of the last step: tells counted restarts apart
+    _fsm_step_counted: bool = False  # the last step counted a restart (for its log line)
     _fsm_exit_waker: WorkerExitWaker | None = None  # created on first wait
     _fsm_rendezvoused: bool = False  # the first rendezvous keeps torch's start-up skew
     _fsm_waker_failed: bool = False  # the waker raised once: plain ticks from then on
@@ -230,7 +231,9 @@ class LifecycleAgentMixin:
             fatal_exceptions=FATAL_EXCEPTIONS,
             params=self._lifecycle_params,
             # Ours first: the group state is in step before any other listener looks at it.
-            listeners=(_weak_method(self._follow_step), *self._lifecycle_listeners),
+            # The step's log line last: a trace read when the line says so holds the step.
+            listeners=(_own(self._follow_step), *self._lifecycle_listeners,
+                       _own(self._fsm_log_step)),
         )
         self._fsm_driver.bind(lifecycle)
         self._fsm_restarts_seen = 0
@@ -262,9 +265,12 @@ class LifecycleAgentMixin:
         # a spec's own states show the WorkerState they report (BACKOFF: STOPPED).
         if step.dest is not None:
             self._worker_group.state = WorkerState[self._fsm_reported[step.dest]]
-        counted = step.restart_count > self._fsm_restarts_seen
+        self._fsm_step_counted = step.restart_count > self._fsm_restarts_seen
         self._fsm_restarts_seen = step.restart_count
         self._remaining_restarts = step.remaining_restarts
+
+    def _fsm_log_step(self, step: Step) -> None:
+        counted = self._fsm_step_counted
         if step.error is not None or step.dest is None:
             return
         role = self._worker_group.spec.role
@@ -576,16 +582,14 @@ class LifecycleAgentMixin:
 
     def _fsm_ticks_seen(self) -> bool:
         # Whether anything besides this agent sees each tick: lifecycle listeners (a trace
-        # writer records every tick; the agent's own _follow_step is always the first), or the
-        # hang watchdog (ours reports a hang on the next tick). A listener with a false
-        # `every_tick` attribute (the run summary's recorder: it folds the ticks that change
-        # nothing) does not need a tick when nothing can change.
+        # writer records every tick), or the hang watchdog (ours reports a hang on the next
+        # tick). A listener with a false `every_tick` attribute (the agent's own; the run
+        # summary's recorder: it folds the ticks that change nothing) does not need a tick
+        # when nothing can change.
         lifecycle = self._lifecycle
         if lifecycle is None or getattr(self, "_worker_watchdog", None) is not None:
             return True
-        # the lifecycle's listeners: the agent's own _follow_step, then every other one
-        return any(getattr(fn, "every_tick", True)
-                   for fn in getattr(lifecycle, "_listeners", ())[1:])
+        return any(getattr(fn, "every_tick", True) for fn in getattr(lifecycle, "_listeners", ()))
 
     def _fsm_wake(self) -> None:
         # From torch's keep-alive thread: the rendezvous state was refreshed, look at it now.
@@ -797,6 +801,13 @@ def _weak_method(method: Callable[..., Any]) -> Callable[..., Any]:
         bound = ref()
         return None if bound is None else bound(*args)
 
+    return call
+
+
+def _own(method: Callable[..., Any]) -> Callable[..., Any]:
+    """The agent's own listener: weak, and needing no tick that changes nothing."""
+    call = _weak_method(method)
+    call.every_tick = False  # type: ignore[attr-defined]
     return call
 
 

@@ -32,6 +32,8 @@ ONE = ["--standalone", "--nproc-per-node", "1", *FAST]
 SHUTDOWN_TIMEOUT = 3
 # A program that calls fsm_agent.torch.launch itself (started and leak-checked like a launcher).
 LAUNCHERS.setdefault("python", [sys.executable])
+# fsm-agent run with a trace writer slow to record the step into BACKOFF.
+LAUNCHERS.setdefault("slow trace", [sys.executable, str(SCRIPTS / "slow_trace_run.py")])
 
 
 def resilient(*params: str) -> list[str]:
