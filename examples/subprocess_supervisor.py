@@ -1,12 +1,15 @@
 """A supervisor of its own, with fsm_agent deciding what to do: no torch agent, no torchrun.
 
-The supervisor starts its workers with ``subprocess``, and a ``Driver`` of six small methods
+The supervisor starts its workers with ``subprocess``, and a ``Driver`` of seven small methods
 tells the ``Lifecycle`` what it sees; the spec (``torchelastic`` by default) decides when to
 restart, when to give up and what to run on the way. Every transition is printed and, with
 ``--trace FILE``, written as a trace that ``fsm-agent replay FILE`` checks::
 
     python examples/subprocess_supervisor.py --workers 3 --fail-once --trace run.jsonl
     fsm-agent replay run.jsonl
+
+``make_supervisor`` is how this supervisor builds its ``Lifecycle``; the conformance kit checks
+it against the spec (``fsm-agent conformance examples.subprocess_supervisor:make_supervisor``).
 
 Exit status: 0 when the workers succeeded, 1 when the lifecycle gave up, 2 on bad arguments,
 130 on Ctrl-C (the workers are stopped first).
@@ -94,6 +97,14 @@ def print_step(step: fsm_agent.Step) -> None:
           flush=True)
 
 
+def make_supervisor(driver: fsm_agent.Driver, *, spec: str | fsm_agent.Spec = "torchelastic",
+                    **settings: Any) -> fsm_agent.Lifecycle:
+    """The supervisor's lifecycle around ``driver`` (a conformance target: the kit passes its
+    own driver and ``max_restarts``, ``role``, ``exit_barrier_timeout``)."""
+    # One node: nobody to wait for at the exit barrier, unless the caller says otherwise.
+    return fsm_agent.Lifecycle(spec, driver, **{"exit_barrier_timeout": 0, **settings})
+
+
 def supervise(args: argparse.Namespace) -> int:
     driver = SubprocessDriver(args.workers, args.fail_once, args.always_fail)
     spec = fsm_agent.load_spec(args.spec)
@@ -101,8 +112,8 @@ def supervise(args: argparse.Namespace) -> int:
     trace = open_trace(args.trace, spec=spec, node="local") if args.trace else None
     if trace is not None:
         listeners.append(trace)
-    lifecycle = fsm_agent.Lifecycle(spec, driver, max_restarts=args.max_restarts,
-                                    exit_barrier_timeout=0, listeners=listeners)
+    lifecycle = make_supervisor(driver, spec=spec, max_restarts=args.max_restarts,
+                                listeners=listeners)
     try:
         result = lifecycle.run(monitor_interval=0.05)
     except fsm_agent.WorkerGroupFailureException as e:  # the torchelastic preset gives up so

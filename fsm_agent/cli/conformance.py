@@ -42,7 +42,9 @@ TARGET is MODULE:ATTR, where ATTR names either a class with the SimpleElasticAge
 torch or any other package (torchelastic, a vendored copy): the kit subclasses it with scripted
 hooks and runs its own _invoke_run; an abstract subclass that only overrides _invoke_run is fine.
 Or a callable factory(driver, **settings) returning an object with run(monitor_interval,
-sleep=...), as fsm_agent.Lifecycle has.
+sleep=...), as fsm_agent.Lifecycle has. --driver MODULE:ATTR names make_driver(world) -> Driver:
+your own driver, which the factory (or Lifecycle) gets instead of the kit's; world is the kit's
+scripted driver, which yours must call as its outside world.
 
 Exit status: 0 conforms; 1 a counterexample (and nothing else); 2 a usage error, or a target the
 kit cannot script (one line naming what it cannot find or supply)."""
@@ -52,7 +54,7 @@ EXAMPLES = (
     "fsm-agent conformance mypkg.agent:MyElasticAgent --spec torchrun --examples 500",
     "fsm-agent conformance mypkg.sup:make_supervisor --spec resilient "
     "--spec-param no_retry_exit_codes=3,4",
-    "fsm-agent conformance mypkg.agent:MyElasticAgent --seed 1234    # against torchelastic",
+    "fsm-agent conformance fsm_agent:Lifecycle --driver mypkg.sup:make_driver --seed 1234",
 )
 
 
@@ -61,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = make_parser(PROG, _DESCRIPTION, EXAMPLES)
     p.add_argument("target", metavar="MODULE:ATTR",
                    help="the supervisor to check, e.g. mypkg.agent:MyAgent")
+    p.add_argument("--driver", metavar="MODULE:ATTR", default=None,
+                   help="your driver, make_driver(world) -> Driver, checked between the target "
+                        "(a factory or fsm_agent:Lifecycle) and the kit's scripted world")
     # --spec-param fixes a parameter for every run; the others are drawn per run.
     add_spec_option(p)
     p.add_argument("--examples", type=int, default=200, metavar="N",
@@ -99,6 +104,8 @@ def _conformance(argv: list[str]) -> int:
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")
     target = load_target(args.target)
+    driver = (import_ref(args.driver, "--driver", "mypkg.sup:make_driver")
+              if args.driver is not None else None)
     loaded = load_spec_arg(args)  # a bad spec is a usage error, reported before any run
     # The kit's oracle for a preset *name* is its reference table of torch's behaviour; for a
     # loaded spec it is the engine. Keep the table unless an option changed how the spec loads.
@@ -106,7 +113,7 @@ def _conformance(argv: list[str]) -> int:
     values = spec_params(args, loaded)  # a bad --spec-param is a usage error
     fixed = {name: values[name] for name in _param_overrides(args)}
     try:
-        target_ok = resolve_target(target, spec)
+        target_ok = resolve_target(target, spec, driver)
     except TypeError as e:  # HarnessError included
         raise UsageError(str(e)) from None
     if fixed and "params" not in target_ok.accepts:
@@ -121,10 +128,12 @@ def _conformance(argv: list[str]) -> int:
     try:
         run_conformance(target, spec=spec,
                         settings=settings(default_settings(args.examples), database=None),
-                        seed=seed, stateful=args.stateful, params=fixed)
+                        seed=seed, stateful=args.stateful, params=fixed, driver=driver)
     except ConformanceFailure as e:
         print(f"\nCOUNTEREXAMPLE ({how}):\n{e}\n")
         given = "".join(f" --spec-param {p}" for p in args.spec_params)
+        if args.driver is not None:
+            given += f" --driver {args.driver}"
         again = (f"{PROG} {args.target} --spec {args.spec}{given} --examples {args.examples} "
                  f"--seed {seed}")
         print(f"reproduce with: {again}")

@@ -723,7 +723,8 @@ def _agent_target(cls: type) -> _Target:
     return _Target(name, run, accepts, shape.result_types, shape.routes, shape.metric_modules)
 
 
-def _factory_target(factory: Callable[..., Any], name: str, timed: bool = False) -> _Target:
+def _factory_target(factory: Callable[..., Any], name: str, timed: bool = False,
+                    driver: Callable[[Any], Any] | None = None) -> _Target:
     try:
         signature = inspect.signature(factory).parameters
     except (TypeError, ValueError):
@@ -747,8 +748,15 @@ def _factory_target(factory: Callable[..., Any], name: str, timed: bool = False)
             kwargs["clock"] = rec.clock
         if "rng" in accepts:
             kwargs["rng"] = rec.rng
+        inner: Any = rec
+        if driver is not None:
+            try:
+                inner = driver(rec)
+            except Exception as e:
+                raise HarnessError(f"cannot build the driver with {describe(driver)}(world): "
+                                   f"{type(e).__name__}: {e}") from None
         try:
-            supervisor = factory(rec, **kwargs)
+            supervisor = factory(inner, **kwargs)
         except Exception as e:
             problem = _harness_problem(e, name)
             raise HarnessError(problem or f"cannot build a supervisor with {name}(driver"
@@ -771,18 +779,29 @@ def _factory_target(factory: Callable[..., Any], name: str, timed: bool = False)
             raise HarnessError(problem)
         return value, supervisor
 
+    if driver is not None:
+        name = f"{name} with driver {describe(driver)}"
     return _Target(name, run, accepts)
 
 
-def resolve_target(target: Any, spec: Any = DEFAULT_SPEC) -> _Target:
+def resolve_target(target: Any, spec: Any = DEFAULT_SPEC,
+                   driver: Callable[[Any], Any] | None = None) -> _Target:
     """Turn what the user gave the kit into a runnable target (see the module docstring).
 
+    ``driver`` is ``make_driver(world) -> Driver``: the user's own driver, put between a factory
+    (or ``Lifecycle``) and the kit's scripted driver, which it must drive as its outside world.
     Raises :class:`HarnessError` when the kit cannot script it.
     """
     if isinstance(target, _Target):
         return target
+    if driver is not None and not callable(driver):
+        raise HarnessError(f"a driver must be a callable make_driver(world) -> Driver, "
+                           f"got {driver!r}")
     if inspect.isclass(target):
         if is_agent_class(target):
+            if driver is not None:
+                raise HarnessError(f"{describe(target)} is an agent class, which drives its own "
+                                   "hooks: a driver goes with a factory(driver) or Lifecycle")
             return _agent_target(target)
         from fsm_agent import Lifecycle
 
@@ -796,14 +815,14 @@ def resolve_target(target: Any, spec: Any = DEFAULT_SPEC) -> _Target:
                 return cls(spec, driver, **kw)
 
             return _factory_target(lifecycle, f"{describe(cls)} with spec {_spec_label(spec)}",
-                                   _timed(spec))
+                                   _timed(spec), driver)
         hooks = hooks_without_loop(target)
         if hooks:
             raise HarnessError(f"{describe(target)} has {', '.join(hooks)} but no _invoke_run: "
                                "the kit runs the loop of an agent with the SimpleElasticAgent "
                                "shape")
     if callable(target):
-        return _factory_target(target, describe(target), _timed(spec))
+        return _factory_target(target, describe(target), _timed(spec), driver)
     raise HarnessError(f"a conformance target must be a class with the SimpleElasticAgent shape "
                        f"(any package's) or a callable factory(driver) -> supervisor, "
                        f"got {target!r}")
@@ -1411,6 +1430,7 @@ def run_conformance(
     seed: int | None = None,
     stateful: bool = False,
     params: Mapping[str, Any] | None = None,
+    driver: Callable[[Any], Any] | None = None,
 ) -> None:
     """Check ``target`` against ``spec``'s reference behaviour; raise on a counterexample.
 
@@ -1425,13 +1445,18 @@ def run_conformance(
     ``params=`` when it takes them; otherwise the defaults are checked); ``params`` fixes some
     for every run instead.
 
+    ``driver`` (``make_driver(world) -> Driver``) checks your own driver too: the target gets
+    ``make_driver(world)`` where it would get the kit's driver, and ``world`` is the kit's
+    scripted driver, which yours must call as its outside world (what is compared is what
+    reaches ``world``).
+
     Each example is one whole script (:func:`scripts`); ``stateful=True`` runs
     :class:`SupervisorConformance` instead (several runs per example, tick by tick; it finds the
     same bugs but shrinks several times slower).
     """
     # A bad target or spec fails here, not inside hypothesis; so does a target the kit cannot
     # script on the probe scripts (HarnessError).
-    tgt = resolve_target(target, spec)
+    tgt = resolve_target(target, spec, driver)
     oracle = _oracle(spec)
     fixed = RunConfig(params=params or {}).params
     profile = _profile(spec, fixed)
@@ -1444,7 +1469,7 @@ def run_conformance(
     try:
         probe(tgt, params=fixed)
         if stateful:
-            machine = conformance_machine(target, spec)
+            machine = conformance_machine(tgt if driver is not None else target, spec)
             if fixed:
                 machine._fixed_params = fixed
             machine._abort_on_harness_error = True

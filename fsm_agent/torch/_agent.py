@@ -831,5 +831,20 @@ class FSMElasticAgent(  # type: ignore[misc]
     ``isolate_worker_store``, ``preload`` (module names: script workers are forked from a
     process that imported them once, ``fsm_agent.torch._preload``; default none) and
     ``sentinel`` (default True: a process that ends the workers and their descendants when the
-    agent dies, SIGKILL included, ``fsm_agent.torch._sentinel``).
+    agent dies, SIGKILL included, ``fsm_agent.torch._sentinel``). Without ``logs_specs``, torch's
+    ``DefaultLogsSpecs(log_dir)`` (``log_dir`` None: a fresh temporary directory, as torchrun
+    without ``--log-dir``).
     """
+
+    def __init__(self, spec: Any, logs_specs: Any = None, *args: Any,
+                 log_dir: str | None = None, **kwargs: Any) -> None:
+        # Defaults make the agent buildable from a worker spec alone, as the conformance kit
+        # (which passes a scratch log_dir) and a quick script build it; torch's
+        # LocalElasticAgent requires logs_specs.
+        if logs_specs is None:
+            from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+            logs_specs = DefaultLogsSpecs(log_dir=log_dir)
+        elif log_dir is not None:
+            raise ValueError("FSMElasticAgent: give logs_specs or log_dir, not both")
+        super().__init__(spec, logs_specs, *args, **kwargs)

@@ -80,3 +80,16 @@ def test_no_worker_left_behind_when_interrupted(tmp_path: Path) -> None:
     for pid in workers:
         assert not Path(f"/proc/{pid}").exists() or \
             Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z"), pid
+
+
+def test_the_example_and_the_readme_count_the_drivers_methods_right() -> None:
+    import fsm_agent
+
+    methods = [n for n, v in vars(fsm_agent.Driver).items()
+               if callable(v) and not n.startswith("_")]
+    words = {5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
+    count = words[len(methods)]
+    assert f"``Driver`` of {count} small methods" in EXAMPLE.read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert f"implements the {count}\nmethods of `fsm_agent.Driver`" in readme
+    assert f"any object with these {count} methods is a fsm_agent.Driver" in readme
