@@ -79,6 +79,24 @@ class FailureInfo:
     suspect: bool = False  # the stacks of a hang name it: not where the others wait
 
     @property
+    def stderr_file(self) -> str | None:
+        """Where torch saved this rank's stderr (``--redirects``/``--tee``): beside its error
+        file, ``<log dir>/<run id>_*/attempt_<n>/<local rank>/``. A path, never opened here."""
+        if not self.error_file or os.path.basename(self.error_file) != "error.json":
+            return None
+        return os.path.join(os.path.dirname(self.error_file), "stderr.log")
+
+    @property
+    def log_dir(self) -> str | None:
+        """The run's log directory, as the error file's path gives it (None without one)."""
+        if self.stderr_file is None:
+            return None
+        attempt = os.path.dirname(os.path.dirname(self.error_file or ""))
+        if not os.path.basename(attempt).startswith("attempt_"):
+            return None
+        return os.path.dirname(attempt)
+
+    @property
     def how(self) -> str:
         """``exit code 3``, ``signal SIGKILL`` or ``hung``."""
         if self.hung:

@@ -21,6 +21,7 @@ __all__ = [
     "printable",
     "printable_lines",
     "read_bounded",
+    "read_tail_under",
     "read_under",
     "require_regular",
 ]
@@ -134,15 +135,41 @@ def read_under(path: str, roots: Sequence[str], limit: int, what: str = "file") 
     Both sides are resolved first (``realpath``), so neither ``..`` nor a symbolic link under a
     root that points outside it can reach another file.
     """
+    return read_bounded(_under(path, roots), limit, what)
+
+
+def _under(path: str, roots: Sequence[str]) -> str:
+    """``path`` resolved, if it lies under one of ``roots``; ``FileRefused`` otherwise."""
     real = os.path.realpath(path)
     for root in roots:
         top = os.path.realpath(root)
         if os.path.commonpath([top, real]) == top:
-            return read_bounded(real, limit, what)
+            return real
     if not roots:
         raise FileRefused(path, "not read: a trace names it (pass the directory it is in to "
                           "read it)", errno.EACCES)
     raise FileRefused(path, f"not read: outside {', '.join(roots)}", errno.EACCES)
+
+
+def read_tail_under(path: str, roots: Sequence[str], limit: int) -> bytes:
+    """The last ``limit`` bytes (at most) of the regular file ``path``, under one of ``roots``
+    only, as :func:`read_under`; a log that grew large is cut, not refused."""
+    fd = open_regular(_under(path, roots), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - limit), os.SEEK_SET)
+        chunks: list[bytes] = []
+        total = 0
+        # The file may grow while read: never more than limit bytes.
+        while total < limit:
+            chunk = os.read(fd, min(1 << 16, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
 
 
 def printable(text: object, limit: int = 200) -> str:

@@ -8,7 +8,8 @@ comes from a trace is escaped: a trace is untrusted input.
 Sections: the outcome and the root cause; a timeline with a lane per agent (attempts, failures,
 restarts, backoffs, rendezvous and barrier waits); every incident with the rule or transition
 that decided it and what it cost; time lost per cause; the spec's diagram with the path taken;
-the stacks of hung workers and the error files.
+the stacks of hung workers and the error files. The root cause names the run's log directory and,
+under a ``--log-dir`` given, shows the end of its stderr.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ._analysis import (
     describe_failure,
     fmt_seconds,
 )
-from ._files import printable_lines, read_under
+from ._files import FileRefused, printable_lines, read_tail_under, read_under
 
 __all__ = ["render_html"]
 
@@ -50,6 +51,9 @@ COLOURS: dict[str, tuple[str, str]] = {
 MAX_STACK_LINES = 400
 #: The most of one stack file read (py-spy's dump of one process is a few kB).
 MAX_STACK_BYTES = 1 << 20
+#: How many of the root cause's last stderr lines the page shows, and the most of it read.
+STDERR_TAIL_LINES = 20
+MAX_STDERR_BYTES = 64 << 10
 
 _CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 0;
@@ -106,8 +110,12 @@ def _clock(t: float) -> str:
 
 _LABEL_W = 230
 _PLOT_W = 880
-_LANE_H = 30
+_RIGHT_W = 96  # the final state's label, right of every bar
+_LANE_H = 44
+_BAND_H = 14  # above each bar: the attempts' labels
+_BAR_H = 24
 _TOP = 26
+_CHAR_W = 6.6  # an 11 px character's width, at most (the labels are cut to fit)
 
 
 def _ticks(span: float) -> list[float]:
@@ -119,10 +127,23 @@ def _ticks(span: float) -> list[float]:
     return [i * step for i in range(int(span / step) + 1)]
 
 
+def _fit(text: str, pixels: float) -> str:
+    """``text`` cut to what ``pixels`` hold at the timeline's font size."""
+    n = max(0, int(pixels / _CHAR_W))
+    return text if len(text) <= n else (text[: n - 1] + "\u2026" if n > 1 else "")
+
+
+def _attempts(segments: Sequence[Any]) -> list[tuple[float, float]]:
+    """Each attempt's span: from one start of the workers to the next (or the lane's end)."""
+    starts = [s.start for s in segments if s.kind == "starting"]
+    end = max((s.end for s in segments), default=0.0)
+    return [(t, starts[i + 1] if i + 1 < len(starts) else end) for i, t in enumerate(starts)]
+
+
 def _timeline(a: JobAnalysis) -> str:
     span = max(a.end - a.start, 1e-6)
     height = _TOP + _LANE_H * len(a.lanes) + 12
-    width = _LABEL_W + _PLOT_W + 10
+    width = _LABEL_W + _PLOT_W + _RIGHT_W
 
     def x(t: float) -> float:
         return _LABEL_W + (t - a.start) / span * _PLOT_W
@@ -140,35 +161,47 @@ def _timeline(a: JobAnalysis) -> str:
         y = _TOP + row * _LANE_H
         out.append(f'<g class="lane" data-node="{_e(lane.node)}" data-final="'
                    f'{_e(lane.final_state or "")}">')
-        out.append(f'<text x="4" y="{y + 18}" fill="#1d2329">{_e(lane.label[:38])}</text>')
-        out.append(f'<rect x="{_LABEL_W}" y="{y + 4}" width="{_PLOT_W}" height="{_LANE_H - 8}" '
+        bar = y + _BAND_H + 2  # the bar's top; the band above it holds the attempts' labels
+        out.append(f'<text class="lane-label" x="4" y="{bar + 16}" fill="#1d2329">'
+                   f'{_e(_fit(lane.label, _LABEL_W - 12))}<title>{_e(lane.label)}</title></text>')
+        out.append(f'<rect x="{_LABEL_W}" y="{bar}" width="{_PLOT_W}" height="{_BAR_H}" '
                    'fill="#f1f3f5"/>')
+        for n, (t0, t1) in enumerate(_attempts(lane.segments)):
+            ax, aw = x(t0), max(x(t1) - x(t0), 0.0)
+            name = f"attempt {n}" if aw >= _CHAR_W * 10 else str(n)
+            out.append(f'<g class="attempt" data-attempt="{n}"><line x1="{ax:.1f}" y1="{y + 2}" '
+                       f'x2="{ax:.1f}" y2="{bar}" stroke="#8a96a3"/><text x="{ax + 3:.1f}" '
+                       f'y="{y + _BAND_H - 2}" font-size="10" fill="#5a6570">'
+                       f'{_e(_fit(name, aw - 4))}</text><title>attempt {n} (start {n + 1} of '
+                       f'the workers): +{_e(fmt_seconds(t0 - a.start))}, '
+                       f'{_e(fmt_seconds(t1 - t0))}</title></g>')
         for s in lane.segments:
             x0 = x(s.start)
             w = max(x(s.end) - x0, 0.0 if s.kind == "running" else 1.5)
             colour = COLOURS.get(s.kind, COLOURS["action"])[0]
             out.append(
-                f'<rect class="seg seg-{_e(s.kind)}" x="{x0:.2f}" y="{y + 4}" width="{w:.2f}" '
-                f'height="{_LANE_H - 8}" fill="{colour}"><title>{_e(s.label)}: '
+                f'<rect class="seg seg-{_e(s.kind)}" x="{x0:.2f}" y="{bar}" width="{w:.2f}" '
+                f'height="{_BAR_H}" fill="{colour}"><title>{_e(s.label)}: '
                 f'{_e(fmt_seconds(s.end - s.start))} from +{_e(fmt_seconds(s.start - a.start))}'
                 '</title></rect>')
         final = lane.final_state or "?"
-        out.append(f'<text x="{min(x(lane.end) + 3, width - 4):.1f}" y="{y + 18}" '
-                   f'fill="#5a6570" text-anchor="{"end" if x(lane.end) > width - 60 else "start"}"'
-                   f'>{_e(final if not lane.error or final == "FAILED" else "interrupted")}</text>')
+        shown = final if not lane.error or final == "FAILED" else "interrupted"
+        out.append(f'<text class="final" x="{_LABEL_W + _PLOT_W + 6}" y="{bar + 16}" '
+                   f'fill="#5a6570">{_e(_fit(shown, _RIGHT_W - 8))}<title>{_e(shown)}</title>'
+                   '</text>')
         out.append("</g>")
     rows = {lane.index: row for row, lane in enumerate(a.lanes)}
     for inc in a.incidents:
         if inc.hang_idle > 0 and inc.lane in rows:
-            y = _TOP + rows[inc.lane] * _LANE_H
+            bar = _TOP + rows[inc.lane] * _LANE_H + _BAND_H + 2
             x0 = x(max(a.start, inc.start - inc.hang_idle))
-            out.append(f'<rect class="seg seg-hung" x="{x0:.2f}" y="{y + 4}" '
-                       f'width="{max(x(inc.start) - x0, 1.5):.2f}" height="{_LANE_H - 8}" '
+            out.append(f'<rect class="seg seg-hung" x="{x0:.2f}" y="{bar}" '
+                       f'width="{max(x(inc.start) - x0, 1.5):.2f}" height="{_BAR_H}" '
                        f'fill="{COLOURS["hung"][0]}"><title>no progress for '
                        f'{_e(fmt_seconds(inc.hang_idle))} before the hang was detected</title>'
                        '</rect>')
     for inc in a.incidents:
-        y = _TOP + rows.get(inc.lane, 0) * _LANE_H
+        y = _TOP + rows.get(inc.lane, 0) * _LANE_H + _BAND_H + 2  # the marker sits on the bar
         ix = x(inc.start)
         colour = "#c62828" if inc.cause not in ("membership change",) else "#1565c0"
         tip = f"{inc.cause} at +{fmt_seconds(inc.start - a.start)}"
@@ -176,7 +209,7 @@ def _timeline(a: JobAnalysis) -> str:
             tip += f"; {inc.decision.outcome}: {inc.decision.describe()}"
         out.append(f'<g class="incident"><path d="M{ix:.1f},{y + 1} l5,-7 h-10 z" '
                    f'fill="{colour}"/><line x1="{ix:.1f}" y1="{y + 2}" x2="{ix:.1f}" '
-                   f'y2="{y + _LANE_H - 3}" stroke="{colour}" stroke-width="1.5"/>'
+                   f'y2="{y + _BAR_H}" stroke="{colour}" stroke-width="1.5"/>'
                    f'<title>{_e(tip)}</title></g>')
     out.append("</svg>")
     kinds = {s.kind for ln in a.lanes for s in ln.segments}
@@ -192,7 +225,71 @@ def _timeline(a: JobAnalysis) -> str:
 # sections
 
 
-def _failure_block(f: FailureInfo) -> str:
+def _run_log_dir(stderr: str | None) -> str | None:
+    """The run's log directory from a stderr path (``<it>/attempt_<n>/<local rank>/``)."""
+    attempt = os.path.dirname(os.path.dirname(stderr or ""))
+    return os.path.dirname(attempt) if os.path.basename(attempt).startswith("attempt_") else None
+
+
+def _attempt_of(x: Incident | None) -> int:
+    """The failed attempt's number, as torch names its log directory (``attempt_<n>``, its
+    ``TORCHELASTIC_RESTART_COUNT``): the restarts counted before this incident."""
+    if x is None:
+        return 0
+    consumed = x.decision is not None and x.decision.outcome == "restart"
+    return max(0, x.restart_count - (1 if consumed else 0))
+
+
+def _find_stderr(a: JobAnalysis, f: FailureInfo, log_dirs: Sequence[str]) -> str | None:
+    """Where torch saved ``f``'s stderr under a ``--log-dir`` given: ``<dir>/<run id>_*/attempt_
+    <n>/<local rank>/stderr.log``. Only the directories the user named are listed, and the
+    run id (from the trace: untrusted) must be one plain name."""
+    run_id, rank = a.run_id, f.local_rank if f.local_rank is not None else f.rank
+    if not run_id or os.sep in run_id or run_id in (".", "..") or not log_dirs:
+        return None
+    attempt = _attempt_of(a.root_incident)
+    for root in log_dirs:
+        try:
+            runs = sorted(n for n in os.listdir(root) if n.startswith(f"{run_id}_"))
+        except OSError:
+            continue
+        for run in runs:
+            path = os.path.join(root, run, f"attempt_{attempt}", str(rank), "stderr.log")
+            if os.path.lexists(path):
+                return path
+    return None
+
+
+def _stderr_tail(path: str | None, log_dirs: Sequence[str], root: bool) -> str:
+    if path is None:
+        if root and not log_dirs:
+            return ("<p>stderr: not read; fsm-agent report --log-dir DIR (the run's "
+                    f"--log-dir) shows its last {STDERR_TAIL_LINES} lines</p>")
+        return ""
+    try:
+        # A trace is untrusted: the path is read only under a --log-dir the user gave, a
+        # regular file only, and only its end.
+        raw = read_tail_under(path, log_dirs, MAX_STDERR_BYTES)
+    except FileNotFoundError:
+        note = ("(not saved: the workers' stderr went to the console; fsm-agent run "
+                "--log-dir DIR --redirects 2, or --tee 2, saves it)")
+        return f"<p>stderr: <code>{_e(path)}</code> {_e(note)}</p>"
+    except FileRefused as e:
+        note = (f"(not read; fsm-agent report --log-dir DIR shows its last {STDERR_TAIL_LINES} "
+                "lines)" if not log_dirs else f"({e.strerror})")
+        return f"<p>stderr: <code>{_e(path)}</code> {_e(note)}</p>"
+    except OSError as e:
+        return f"<p>stderr: <code>{_e(path)}</code> (cannot read: {_e(e.strerror or e)})</p>"
+    lines = printable_lines(raw.decode("utf-8", "replace"), 1000).splitlines()
+    if len(raw) == MAX_STDERR_BYTES and len(lines) > 1:
+        lines = lines[1:]  # the first line may be cut
+    tail = lines[-STDERR_TAIL_LINES:]
+    return (f"<p>last {len(tail)} line(s) of its stderr, <code>{_e(path)}</code>:</p>"
+            f'<pre id="stderr-tail">{_e(chr(10).join(tail))}</pre>')
+
+
+def _failure_block(f: FailureInfo, log_dirs: Sequence[str] = (),
+                   a: JobAnalysis | None = None) -> str:
     parts = [f"<p><b>{_e(describe_failure(f))}</b></p>"]
     if f.timestamp is not None and not math.isnan(f.timestamp):
         parts.append(f"<p>at {_e(_clock(f.timestamp))}</p>")
@@ -204,17 +301,22 @@ def _failure_block(f: FailureInfo) -> str:
     if f.traceback:
         parts.append(f"<details><summary>traceback</summary><pre>{_e(f.traceback)}</pre>"
                      "</details>")
+    stderr = f.stderr_file or (_find_stderr(a, f, log_dirs) if a is not None else None)
+    shown = f.log_dir or _run_log_dir(stderr)
+    if shown:
+        parts.append(f'<p>log directory: <code id="log-dir">{_e(shown)}</code></p>')
+    parts.append(_stderr_tail(stderr, log_dirs, a is not None))
     return "".join(parts)
 
 
-def _root_cause(a: JobAnalysis) -> str:
+def _root_cause(a: JobAnalysis, log_dirs: Sequence[str] = ()) -> str:
     ok = a.outcome == "SUCCEEDED"
     body: list[str] = []
     x = a.root_incident
     if a.root_cause is not None:
         body.append(f"<p>{'First failure (recovered)' if ok else 'Root cause'}: first failing "
                     f"rank {a.root_cause.rank} on {_e(a.root_cause.node)}</p>")
-        body.append(_failure_block(a.root_cause))
+        body.append(_failure_block(a.root_cause, log_dirs, a))
     left = [i for i in a.incidents if i.cause == "unhealthy node"]
     if left:
         for inc in left:
@@ -321,8 +423,8 @@ def render_html(
 ) -> str:
     """The report page for ``a``. ``diagram_svg``: the spec's diagram with the path (inlined);
     ``taken``: the transitions taken, shown as a table when there is no drawing; ``log_dirs``:
-    the directories whose files (hung workers' stacks) the page may embed; a file the traces name
-    elsewhere is only named."""
+    the directories whose files (hung workers' stacks, the tail of the root cause's stderr) the
+    page may embed; a file the traces name elsewhere is only named."""
     name = title or f"fsm-agent report: {a.spec_name or 'job'}"
     budget = (f"{a.restarts_used} / {a.restart_budget}" if a.restart_budget is not None
               else str(a.restarts_used))
@@ -346,10 +448,10 @@ def render_html(
         "</span></h1>",
         f'<p class="meta">run {_e(a.run_id or "?")} · started {_e(_clock(a.start))} · '
         f"{_e(len(sources))} trace file(s): {_e(', '.join(os.path.basename(s) for s in sources))}"
-        "</p>",
+        + (f" · --log-dir {_e(', '.join(log_dirs))}" if log_dirs else "") + "</p>",
         warn,
         f'<div class="cards">{card_html}</div>',
-        "<h2>Root cause</h2>", _root_cause(a),
+        "<h2>Root cause</h2>", _root_cause(a, log_dirs),
         "<h2>Timeline</h2>", _timeline(a),
         "<h2>Decisions</h2>", _incidents(a),
         "<h2>Time lost per cause</h2>", _lost(a),

@@ -162,3 +162,67 @@ def test_the_demo_traces_replay_and_the_root_cause_is_the_first_failure(tmp_path
     assert res.returncode == 0, res.stderr
     first = next(line for line in res.stdout.splitlines() if line.startswith("first failure"))
     assert "rank 0" in first and "hung" in first, res.stdout
+
+
+CRASH_NO_RECORD = """\
+import sys
+for i in range(30):
+    print(f"stderr line {i}", file=sys.stderr)
+print("\\x1b[31mCUDA error: an illegal memory access\\x1b[0m", file=sys.stderr)
+sys.exit(1)
+"""
+
+
+def test_the_root_cause_names_the_log_dir_and_shows_its_stderr_tail(jobs: Jobs,
+                                                                       tmp_path: Path) -> None:
+    # A crash without torch's @record: no error file is written, only exit code 1. The report
+    # names the run's log directory and, under a --log-dir given, the end of its stderr.
+    script = tmp_path / "crash.py"
+    script.write_text(CRASH_NO_RECORD)
+    logs, trace = tmp_path / "logs", tmp_path / "t.jsonl"
+    job = jobs.start(["--standalone", "--nproc-per-node", "1", *FAST, "--max-restarts", "0",
+                      "--log-dir", str(logs), "--redirects", "2", "--trace", str(trace)],
+                     script=script)
+    assert job.wait(60) == 1, job.output
+    [stderr_log] = logs.glob("*/attempt_0/0/stderr.log")
+    run_log_dir = str(stderr_log.parents[2])
+    plain, given = tmp_path / "plain.html", tmp_path / "given.html"
+    for page, extra in ((plain, []), (given, ["--log-dir", str(logs)])):
+        proc = subprocess.run([*FSM, "report", str(trace), *extra, "-o", str(page)],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+    # without --log-dir: nothing is read (the trace names no file: no error file was written)
+    cause = dom(plain).one(id="root-cause")
+    assert "--log-dir DIR (the run's --log-dir) shows its last 20" in cause.text
+    assert "stderr line" not in plain.read_text()
+    # with it: the run's log directory, the last 20 lines, the escape sequence made harmless
+    cause = dom(given).one(id="root-cause")
+    assert cause.one(id="log-dir").text == run_log_dir and str(stderr_log) in cause.text
+    tail = "".join(cause.one("pre", id="stderr-tail")._texts()).splitlines()
+    assert len(tail) == 20 and tail[0] == "stderr line 11"
+    assert "CUDA error: an illegal memory access" in tail[-1] and "\x1b" not in given.read_text()
+
+
+def test_attempts_are_labelled_and_no_label_overlaps_a_bar(failed_job: Path,
+                                                          tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    subprocess.run([*FSM, "report", str(failed_job), "-o", str(page)], capture_output=True,
+                   text=True, timeout=60, check=True)
+    lane = dom(page).one("svg", id="timeline").find_all("g", cls="lane")[0]
+    attempts = lane.find_all("g", cls="attempt")
+    assert [g.attrs["data-attempt"] for g in attempts] == ["0", "1"]  # one restart
+    assert all(g.find_all("text")[0].text in (f"attempt {n}", str(n))
+               for n, g in enumerate(attempts))
+    bars = [(float(r.attrs["x"]), float(r.attrs["y"]), float(r.attrs["x"]) +
+             float(r.attrs["width"]), float(r.attrs["y"]) + float(r.attrs["height"]))
+            for r in lane.find_all("rect", cls="seg")]
+    assert bars
+    for text in lane.find_all("text"):
+        # a label's box: its baseline up to the font size, its characters at most 0.6 em wide
+        size = float(text.attrs.get("font-size", 11))
+        x0, base = float(text.attrs["x"]), float(text.attrs["y"])
+        label = "".join(text.parts)  # its own text, not its tooltip
+        box = (x0, base - size, x0 + 0.6 * size * len(label), base + 2)
+        for b in bars:
+            apart = box[2] <= b[0] or b[2] <= box[0] or box[3] <= b[1] or b[3] <= box[1]
+            assert apart, (label, box, b)
