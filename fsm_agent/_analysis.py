@@ -270,8 +270,11 @@ def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
         if not isinstance(f, Mapping):
             out.append(FailureInfo(rank, None, None, None, None, None, None, str(f), None, node))
             continue
-        exc, tb = _exception(f.get("error_file_data"))
-        message = f.get("message")
+        from_file = f.get("error_file_data")
+        exc, tb = _exception(from_file)
+        # Left out when it is the error file's message (the trace writes that once).
+        message = f.get("message", from_file.get("message") if isinstance(from_file, Mapping)
+                        else None)
         if isinstance(message, Mapping):
             message = message.get("message")
         error_file = f.get("error_file")

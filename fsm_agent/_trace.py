@@ -8,7 +8,9 @@ nothing written before it; at most the line being written is cut short, and the 
 Record fields (``step``): ``seq``, ``wall_time``, ``monotonic_time``, ``trigger``, ``source``,
 ``dest``, ``guards`` (``[{"name", "value"}]``, in evaluation order), ``actions`` (``[{"name",
 "kind", "duration_s", "outcome", "error"}]``), ``remaining_restarts``, ``restart_count``,
-``observed`` (the observed state's name or null), ``failures`` (global rank -> failure),
+``observed`` (the observed state's name or null), ``failures`` (global rank -> failure; a
+failure's ``message`` that is its error file's, which torch's ``ProcessFailure`` holds twice, is
+written once, as ``error_file_data.message``, and the ``message`` key left out),
 ``error`` (what ended the lifecycle, if anything), ``rule`` (the failure-policy rule whose
 transition was taken, or null), ``timer`` (the seconds of the timer set on entering ``dest``, the
 backoff chosen for a backoff state; null when ``dest`` has no timer), ``role`` and the writer's
@@ -133,6 +135,18 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
     return repr(value)
 
 
+def _failure_json(failure: Any) -> Any:
+    """One failure as JSON data; a message that is its error file's is written once."""
+    data = _jsonable(failure)
+    if isinstance(data, dict) and "message" in data:
+        from_file = data.get("error_file_data")
+        # torch's ProcessFailure sets message = error_file_data["message"]: a worker's 20 MB
+        # error message made a 40 MB record.
+        if isinstance(from_file, dict) and from_file.get("message") == data["message"]:
+            del data["message"]
+    return data
+
+
 def step_record(step: Step, seq: int, static: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The trace record (a JSON-safe dict) of one engine ``Step``."""
     record: dict[str, Any] = {
@@ -153,7 +167,7 @@ def step_record(step: Step, seq: int, static: Mapping[str, Any] | None = None) -
         "remaining_restarts": step.remaining_restarts,
         "restart_count": step.restart_count,
         "observed": step.observed,
-        "failures": _jsonable(dict(step.failures)),
+        "failures": {str(rank): _failure_json(f) for rank, f in dict(step.failures).items()},
         "error": step.error,
         "rule": step.rule,
         "timer": step.timer,

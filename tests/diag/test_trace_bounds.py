@@ -205,11 +205,12 @@ def test_a_healthy_job_at_a_tenth_of_a_second_writes_a_constant_size_trace(
 
 
 HUGE_ERROR = """\
+import os
 from torch.distributed.elastic.multiprocessing.errors import record
 
 @record
 def main():
-    raise ValueError("x" * 20_000_000)
+    raise ValueError("x" * int(os.environ.get("SIZE", "20000000")))
 
 main()
 """
@@ -231,7 +232,7 @@ def test_a_20_mb_error_message_gives_a_trace_that_replay_and_report_read(
     longest = max(len(line) for line in trace.read_bytes().splitlines())
     assert longest <= MAX_LINE_BYTES, longest
     [failed] = [r for r in trace_records(trace) if r.get("observed") == "FAILED"]
-    message = failed["failures"]["0"]["message"]  # type: ignore[index]
+    message = failed["failures"]["0"]["error_file_data"]["message"]  # type: ignore[index]
     message = message["message"]  # @record's: {"message": "ValueError: ...", "extraInfo": ...}
     assert message.startswith("ValueError: " + "x" * 1000), message[:200]
     assert "characters cut" in message, message[-200:]
@@ -239,3 +240,25 @@ def test_a_20_mb_error_message_gives_a_trace_that_replay_and_report_read(
         done = subprocess.run([sys.executable, "-m", "fsm_agent", *argv], capture_output=True,
                               text=True, timeout=60, check=False)
         assert done.returncode == 0, (argv, done.stderr[-2000:])
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_error_message_is_written_once_in_the_trace(jobs: Jobs, tmp_path: Path) -> None:
+    # torch's failure holds the error file's message twice (message, error_file_data): a 3 MB
+    # message, which @record's file holds twice already (the message, the traceback's last
+    # line), made a 12 MB record; the error file is written once, and the summary still names
+    # the exception.
+    script = tmp_path / "huge_error.py"
+    script.write_text(HUGE_ERROR)
+    trace = tmp_path / "t.jsonl"
+    job = jobs.start(["--standalone", "--nproc-per-node", "1", "--monitor-interval", "0.05",
+                      "--trace", str(trace)], script, env={"SIZE": "3000000"})
+    assert job.wait(90) == 1, job.output[-2000:]
+    [line] = [x for x in trace.read_text().splitlines() if '"observed": "FAILED"' in x]
+    assert line.count("ValueError: " + "x" * 100) == 2, len(line)
+    assert 6_000_000 < len(line) < 6_100_000, len(line)
+    assert "characters cut" not in line  # under the cap: nothing is lost
+    done = subprocess.run([sys.executable, "-m", "fsm_agent", "report", str(trace), "--format",
+                           "text"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "rank 0 (" in done.stdout and ": ValueError: xxxx" in done.stdout, done.stdout[:3000]
