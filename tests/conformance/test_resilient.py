@@ -102,9 +102,11 @@ def test_kit_rejects_a_wrong_resilient_supervisor(name: str, rejection: Any) -> 
     text = rejection(name)
     assert "does not conform to spec 'resilient'" in text
     assert "<-- differs" in text
-    # Shrunk to a readable table: a start row and at most four ticks (then the script's end).
+    # Shrunk to a readable table: a start row and at most five ticks (then the script's end):
+    # a window off by one may need a failure and the ticks until the window has passed (seen in
+    # a loaded CI run: 5 ticks; 4 or fewer when quiet).
     rows = [line for line in text.splitlines() if re.match(r"^(start|\d+) +\|", line)]
-    assert rows[0].startswith("start") and 2 <= len(rows) <= 6, text
+    assert rows[0].startswith("start") and 2 <= len(rows) <= 7, text
 
 
 def test_the_infra_counterexample_shows_the_user_budget_spent(rejection: Any) -> None:
