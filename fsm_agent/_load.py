@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ._errors import SpecError
 from ._files import read_bounded
-from ._shape import build_spec
+from ._shape import UnknownNames, build_spec
 from ._spec import MAX_SPEC_BYTES, Spec
 from ._static import check_spec
 from ._vocabulary import Vocabulary
@@ -126,6 +126,18 @@ def parse_spec(
         text = source
     reader = YamlReader(path)
     raw = reader.read(text)
-    spec = build_spec(raw, path=path, vocabulary=vocab, lines=reader.lines)
+    try:
+        spec = build_spec(raw, path=path, vocabulary=vocab, lines=reader.lines)
+    except UnknownNames as e:
+        # An unregistered name hides nothing else: the machine's own problems come with it.
+        try:
+            check_spec(e.spec, lines=reader.lines)
+        except SpecError as more:
+            raise SpecError([*e.problems, *more.problems]) from None
+        except Exception:
+            # the whole-spec checks assume known names; should one trip over an unknown name,
+            # the names found are still the answer
+            pass
+        raise SpecError(e.problems) from None
     check_spec(spec, lines=reader.lines)
     return spec

@@ -47,7 +47,7 @@ from ._spec import (
 from ._vocabulary import Kind, Vocabulary
 from ._yaml import element_name
 
-__all__ = ["Findings", "build_spec"]
+__all__ = ["Findings", "UnknownNames", "build_spec"]
 
 METRIC_FIELDS = ("role", "observed")
 METRIC_VALUES = ("remaining_restarts", "restart_count", "max_restarts")
@@ -136,6 +136,15 @@ class Findings:
             raise SpecError(self.problems)
 
 
+class UnknownNames(SpecError):
+    """The spec's only problems are guard or action names nobody registered; ``spec`` is the
+    machine it describes otherwise, for the whole-spec checks to find the rest."""
+
+    def __init__(self, problems: Sequence[Problem], spec: Spec) -> None:
+        super().__init__(problems)
+        self.spec = spec
+
+
 def build_spec(
     raw: Any, *, path: str, vocabulary: Vocabulary, lines: Mapping[tuple[Any, ...], int]
 ) -> Spec:
@@ -153,6 +162,9 @@ class _Shape:
         self.actions: set[str] = set(vocab.actions)
         self.budget_names: set[str] = set()
         self.budget_declared: dict[str, str] = {}  # a named budget's guard and action
+        # Problems that leave the machine whole (a name of the program's own, unregistered):
+        # the whole-spec checks still run, so one `check` shows every problem.
+        self.unknown_names = 0
 
     def problem(self, where: Sequence[Any], message: str) -> None:
         self.found.problem(where, message)
@@ -261,7 +273,8 @@ class _Shape:
         metrics = self._metrics(raw.get("metrics"))
         forever = self._bool(raw.get("restart_forever", False), ("restart_forever",))
         policy = self._policy(raw.get("failure_policy"))
-        self.found.fail_if_any()
+        if len(self.found.problems) > self.unknown_names:
+            self.found.fail_if_any()
         # A named budget's guard and action: declared by the budget, never written by hand.
         guard_defs = (*guard_defs, *(budget_instance(b, "guard") for b in named))
         action_defs = (*action_defs, *(budget_instance(b, "action") for b in named))
@@ -270,7 +283,7 @@ class _Shape:
                                                    budgets=named)
             transitions = (*transitions, *compiled)
             guard_defs = (*guard_defs, *synthesized)
-        return Spec(
+        spec = Spec(
             name=name or "",
             description=description,
             states=states,
@@ -287,6 +300,9 @@ class _Shape:
             policy=policy,
             restart_forever=forever,
         )
+        if self.found.problems:
+            raise UnknownNames(self.found.problems, spec)
+        return spec
 
     def _triggers(self, value: Any) -> tuple[str, ...]:
         names = self._names(value, ("triggers",), single_ok=False)
@@ -620,6 +636,7 @@ class _Shape:
     def _check_actions(self, names: Sequence[str], where: tuple[Any, ...]) -> None:
         for i, name in enumerate(names):
             if name not in self.actions:
+                self.unknown_names += 1
                 self.problem((*where, i),
                              f"unknown action {name!r} (known: {', '.join(sorted(self.actions))}"
                              f"{_OWN_NAMES})")
@@ -627,6 +644,7 @@ class _Shape:
     def _check_guards(self, names: Sequence[str], where: tuple[Any, ...]) -> None:
         for i, g in enumerate(names):
             if g not in self.guards:
+                self.unknown_names += 1
                 self.problem((*where, i),
                              f"unknown guard {g!r} (known: {', '.join(sorted(self.guards))}"
                              f"{_OWN_NAMES})")

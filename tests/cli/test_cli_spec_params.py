@@ -220,8 +220,41 @@ def test_check_names_every_guard_of_a_custom_spec_and_how_to_register_it(
     (tmp_path / "mine.yaml").write_text(text)
     assert main(["check", str(tmp_path / "mine.yaml")]) == 1
     captured = capsys.readouterr()
-    lines = (captured.out + captured.err).splitlines()
+    lines = [x for x in (captured.out + captured.err).splitlines() if "unknown guard" in x]
     used = next(count) - 1
     assert used >= 3 and len(lines) == used, lines
     for n, line in enumerate(lines, 1):
         assert f"unknown guard 'mine_{n}'" in line and "--vocabulary MODULE:ATTR" in line, line
+
+
+def test_check_of_a_spec_with_unregistered_names_shows_its_other_problems_too(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 28, item 6: an unknown guard or action hides none of the machine's own problems."""
+    text = (ROOT / "specs" / "torchrun.yaml").read_text()
+    edits = [
+        # a guard and an action of the program's own, not registered
+        ("guards: [nodes_waiting]", "guards: [my_guard]"),
+        ("actions: [rendezvous, start_workers]\n    description: Before",
+         "actions: [my_action, start_workers]\n    description: Before"),
+        # and a state nothing leads to, whatever the names mean
+        ("  UNKNOWN:\n", "  ORPHAN:\n    reports: STOPPED\n  UNKNOWN:\n"),
+    ]
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    spec = tmp_path / "mine.yaml"
+    spec.write_text(text)
+    lines = text.splitlines()
+    assert main(["check", str(spec)]) == 1
+    captured = capsys.readouterr()
+    out = (captured.out + captured.err).splitlines()
+
+    def line_of(needle: str) -> int:
+        return next(n for n, x in enumerate(lines, 1) if needle in x)
+
+    wanted = [(line_of("my_guard"), "unknown guard 'my_guard'"),
+              (line_of("my_action"), "unknown action 'my_action'"),
+              (line_of("ORPHAN:"), "state ORPHAN cannot be reached")]
+    for line, what in wanted:
+        assert any(x.startswith(f"{spec}:{line}: ") and what in x for x in out), (what, out)
+    assert sum("--vocabulary MODULE:ATTR" in x for x in out) == 2, out
