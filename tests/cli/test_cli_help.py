@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
+import re
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,7 @@ import fsm_agent
 from fsm_agent.cli import COMMANDS, main
 
 pytestmark = pytest.mark.timeout(120)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _examples(help_text: str) -> list[str]:
@@ -48,3 +52,45 @@ def test_version_is_the_installed_distributions() -> None:
                               text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip() == f"fsm-agent {installed}"
+
+
+def _run_help(env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([sys.executable, "-m", "fsm_agent", "run", "--help"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def _flag_help(help_text: str, flag: str) -> str:
+    """What ``run --help`` says under ``flag`` (its option line and the lines indented under
+    it), in one line: argparse wraps where it likes."""
+    lines = help_text.splitlines()
+    start = next((i for i, x in enumerate(lines) if x.startswith(f"  {flag}")), None)
+    assert start is not None, f"{flag} not in run --help:\n{help_text}"
+    said = [lines[start][len(flag) + 2:]]
+    for line in lines[start + 1:]:
+        if not line.startswith("   "):
+            break
+        said.append(line)
+    return " ".join(" ".join(said).split())
+
+
+def test_run_help_lists_every_built_in_spec_and_how_to_set_its_parameters(
+        tmp_path: Path) -> None:
+    """Issue 28, item 5: --spec names every preset the package carries, from its specs
+    directory (one added there is listed too), and --spec-param and --vocabulary are shown."""
+    from fsm_agent._load import PRESETS_DIR_ENV, _spec_dirs
+
+    shipped = {p.stem for d in _spec_dirs() for p in d.glob("*.yaml")}
+    assert {"torchelastic", "torchrun", "resilient"} <= shipped
+    help_text = _run_help()
+    spec_help = _flag_help(help_text, "--spec NAME|PATH")
+    for name in shipped:
+        assert re.search(rf"\b{name}\b", spec_help), (name, spec_help)
+    assert "--spec-param" in spec_help, spec_help
+    assert "spec parameter" in _flag_help(help_text, "--spec-param NAME=VALUE")
+    assert "Vocabulary" in _flag_help(help_text, "--vocabulary MODULE:ATTR")
+    # not a list written into the help: a spec put in a presets directory is listed
+    (tmp_path / "mylab.yaml").write_text((ROOT / "specs" / "torchrun.yaml").read_text())
+    extra = _run_help({**os.environ, PRESETS_DIR_ENV: str(tmp_path)})
+    assert re.search(r"\bmylab\b", _flag_help(extra, "--spec NAME|PATH")), extra
