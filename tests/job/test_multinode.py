@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from job_helpers import Job, Jobs, nodes, port_of
@@ -31,6 +32,32 @@ def _starts(job: Job) -> list[dict[str, object]]:
     return job.records("start_*.json")
 
 
+ROOT = Path(__file__).resolve().parents[2]
+# A log line of the agent quoted in the docs: `W... fsm_agent/torch/_agent.py:...] MESSAGE`.
+QUOTED_LOG = re.compile(r"^[DIWE]\.\.\. (fsm_agent/\S+\.py):(?:\d+|\.\.\.)\] (.*)$", re.M)
+
+
+def quoted_log_lines(starting: str) -> list[tuple[str, str, str]]:
+    """``(where, file, message)`` of every agent log line quoted in README.md and docs/ whose
+    message starts with ``starting``."""
+    found = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for m in QUOTED_LOG.finditer(text):
+            if m.group(2).startswith(starting):
+                where = f"{doc.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+                found.append((where, m.group(1), m.group(2)))
+    return found
+
+
+def printed_as_quoted(message: str, file: str, output: str) -> bool:
+    """Whether ``output`` has a line from ``file`` that says ``message``, whose numbers are
+    the doc's example (a count, a restart budget) and may differ."""
+    words = re.split(r"\d+", message)
+    pattern = re.escape(f"{file}:") + r"\d+\] " + r"\d+".join(map(re.escape, words)) + "$"
+    return re.search(pattern, output, re.M) is not None
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("preset", PRESETS)
 def test_a_give_up_ends_both_nodes_with_the_same_code(jobs: Jobs, preset: str) -> None:
@@ -51,6 +78,12 @@ def test_a_give_up_ends_both_nodes_with_the_same_code(jobs: Jobs, preset: str) -
     other = b if gave_up[0] is a else a
     assert other.final_message().startswith("fsm-agent run: the job failed:"), \
         other.output[-2000:]
+    if preset == "torchelastic":
+        # the restart line the docs quote is the one an agent prints (issue 28, item 4)
+        quoted = quoted_log_lines("[default] worker group FAILED; restart")
+        assert quoted
+        for where, file, message in quoted:
+            assert printed_as_quoted(message, file, out), (where, message, out[-4000:])
 
 
 @pytest.mark.slow
