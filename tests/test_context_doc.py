@@ -23,3 +23,18 @@ def test_every_field_a_guard_may_read_is_documented() -> None:
     assert not missing, f"document these in {DOC.name} (or mark them internal): {missing}"
     stale = [name for name in INTERNAL if name not in attrs.fields_dict(Context)]
     assert not stale, stale
+
+
+def test_every_documented_field_is_one_a_guard_can_read() -> None:
+    """The table names no field that Context no longer has (the list equals the real one)."""
+    import re
+
+    table = DOC.read_text().split("### Guards and actions of your own program")[1]
+    table = table.split("\n\n", 3)[2]
+    documented = set(re.findall(r"`ctx\.(\w+)", table))
+    assert documented, table
+    fields = attrs.fields_dict(Context)
+    unknown = sorted(n for n in documented if n not in fields and not hasattr(Context, n))
+    assert not unknown, f"{DOC.name} documents ctx fields Context does not have: {unknown}"
+    internal = sorted(documented & INTERNAL)
+    assert not internal, f"{DOC.name} documents internal fields: {internal}"
