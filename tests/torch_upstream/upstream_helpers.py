@@ -4,9 +4,12 @@ processes for multi-agent jobs, and the guarantee that no process outlives a tes
 from __future__ import annotations
 
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import queue
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -17,7 +20,7 @@ import pytest
 import upstream_workers as workers
 from fsm_test_procs import TOKEN_VAR, free_port, kill_leftovers
 
-__all__ = ["Procs", "endpoint", "free_port", "listening_ports", "procs"]
+__all__ = ["Procs", "endpoint", "free_port", "listening_ports", "procs", "run_scenarios"]
 
 _PRELOAD = workers.PRELOAD
 
@@ -136,3 +139,31 @@ def procs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Procs]:
         leaked = p.cleanup()
     if leaked:
         pytest.fail(f"processes left behind by the test: {sorted(leaked)}")
+
+
+def run_scenarios(group: str, workdir: Path, timeout: float = 150) -> dict[str, dict[str, Any]]:
+    """Run ``launcher_scenarios.py GROUP`` in a fresh interpreter, as upstream's class runs in
+    one: what each scenario observed, by the upstream test's name. Fails if the interpreter
+    fails or hangs, or leaves a process behind."""
+    here = Path(__file__).parent
+    token = uuid.uuid4().hex
+    env = {**os.environ, TOKEN_VAR: token, "PYTHONPATH": os.pathsep.join(
+        [str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    for var in ("TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_HEALTH_CHECK_PORT", "LOGLEVEL"):
+        env.pop(var, None)
+    proc = subprocess.Popen([sys.executable, str(here / "launcher_scenarios.py"), group,
+                             str(workdir)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, _ = proc.communicate()
+        pytest.fail(f"scenarios {group} hung: {out[-3000:]}")
+    finally:
+        leaked = kill_leftovers(token)
+    assert proc.returncode == 0, out[-3000:]
+    assert not leaked, f"processes left behind: {sorted(leaked)}"
+    results = workdir / "results.jsonl"
+    lines = results.read_text().splitlines() if results.exists() else []
+    return {r["test"]: r for r in map(json.loads, lines)}

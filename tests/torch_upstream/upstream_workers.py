@@ -37,6 +37,11 @@ def sad_function() -> None:
     raise RuntimeError("sad because i throw")
 
 
+def simple_rank_scale() -> int:
+    """torch's launcher ``api_test.py``: a value that names the rank."""
+    return 10 + int(os.environ["RANK"])
+
+
 def echo(msg: Any) -> Any:
     return msg
 
@@ -83,6 +88,17 @@ def dist_sum(wait: float = 0) -> int:
     finally:
         dist.destroy_process_group()
     return rank
+
+
+def launcher_dist_sum() -> int:
+    """torch's launcher ``api_test.py`` ``_dist_sum``: the all_reduced sum of the ranks."""
+    dist.init_process_group(backend="gloo")
+    try:
+        t = torch.tensor(int(os.environ["RANK"]))
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return int(t.item())
+    finally:
+        dist.destroy_process_group()
 
 
 def dist_sum_verbose() -> int:
