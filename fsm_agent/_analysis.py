@@ -20,6 +20,7 @@ import json
 import math
 import os
 import signal
+import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -151,6 +152,9 @@ class Incident:
     hang_idle: float
     stacks: tuple[Mapping[str, Any], ...]
     health: Mapping[str, Any] | None
+    #: The failed attempt's progress (``diagnostics.progress``: steps or checkpoints at its
+    #: start and end, and the restarts in a row without progress), when the spec watches it.
+    progress: Mapping[str, Any] | None = None
 
     @property
     def lost(self) -> float:
@@ -195,6 +199,9 @@ class JobAnalysis:
     warnings: tuple[str, ...] = ()
     #: Restarts spent from each of the spec's named budgets (``fsm_agent._budgets``).
     budget_restarts: tuple[tuple[str, int], ...] = ()
+    #: Each agent's drain (node, ``diagnostics.drain``: the drain signal, the reason, how long
+    #: the workers took, who was killed at ``drain_timeout``), in the order they happened.
+    drains: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
     @property
     def lost(self) -> float:
@@ -436,6 +443,7 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
                  if any(str(a.get("name")) in consume for a in r.actions)),
                 None) or (next((r for r in chain if r.guards), None) or rec)
         failures = _failures(rec, node)
+        progress = diag.get("progress") if _watched(diag.get("progress")) else None
         stacks: list[Mapping[str, Any]] = []
         hang_idle = 0.0
         for r in chain:
@@ -461,10 +469,20 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
             decision=_decision(spec, decider, outcome),
             restart_count=int(last.data.get("restart_count", 0)),
             remaining_restarts=int(last.data.get("remaining_restarts", 0)),
-            hang_idle=hang_idle, stacks=tuple(stacks), health=health,
+            hang_idle=hang_idle, stacks=tuple(stacks), health=health, progress=progress,
         ))
         i = j
     return out
+
+
+def _watched(progress: Any) -> bool:
+    """Whether a ``diagnostics.progress`` verdict had a source of progress to read (a step or
+    a checkpoint, at the attempt's start or end): without one every attempt counts as progress
+    and there is nothing to show."""
+    return isinstance(progress, Mapping) and any(
+        isinstance(m, Mapping) and (m.get("step") is not None
+                                    or m.get("checkpoint_mtime") is not None)
+        for m in (progress.get("start"), progress.get("end")))
 
 
 def _outcome(lanes: Sequence[Lane]) -> str:
@@ -532,6 +550,7 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
     budget: int | None = None
     used = 0
     named: dict[str, int] = {}
+    drains: list[tuple[float, str, Mapping[str, Any]]] = []
     for idx, parts in enumerate(sorted(by_agent.values(), key=lambda p: _first_time(p[0][0]))):
         segs: list[Segment] = []
         records_total = steps = 0
@@ -561,6 +580,8 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
             for name, spent in mine.items():
                 named[name] = max(named.get(name, 0), spent)
             used = max(used, int(recs[-1].data.get("restart_count", 0)) - sum(mine.values()))
+            drains.extend((_num(r.data.get("wall_time")), node, d["drain"]) for r in recs
+                          if isinstance((d := _diagnostics(r)).get("drain"), Mapping))
             segs.extend(_segments(recs, spec))
             incidents.extend(_incidents(idx, node, recs, spec))
             records_total += len(recs)
@@ -605,6 +626,7 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
                                    key=lambda t: -t[1])),
         stacks=stacks, error_files=error_files, warnings=tuple(warnings),
         budget_restarts=tuple(sorted(named.items())),
+        drains=tuple((n, d) for _, n, d in sorted(drains, key=lambda t: t[0])),
     )
 
 
@@ -638,6 +660,61 @@ def describe_failure(f: FailureInfo) -> str:
     if detail and f.hung:
         detail = detail.removeprefix("worker hung: ")
     return f"rank {f.rank} ({where}): {what}" + (f": {detail}" if detail else "")
+
+
+def describe_progress(p: Mapping[str, Any]) -> str:
+    """``step 3 -> 3 (none; 2 restarts in a row without progress)`` for a failed attempt's
+    ``diagnostics.progress``."""
+    start, end = p.get("start"), p.get("end")
+
+    def mark(m: Any) -> str:
+        if not isinstance(m, Mapping):
+            return "?"
+        if m.get("step") is not None:
+            return f"step {m['step']}"
+        if m.get("checkpoint_mtime") is not None:
+            return f"checkpoint at {_clock_short(_num(m['checkpoint_mtime']))}"
+        return "nothing"
+
+    stalled = int(_num(p.get("stalled_restarts")))
+    moved = ("progressed" if p.get("progressed") else
+             f"no progress ({stalled} restart{'s' if stalled != 1 else ''} in a row)")
+    return f"{mark(start)} -> {mark(end)}: {moved}"
+
+
+def describe_drain(d: Mapping[str, Any]) -> str:
+    """``SIGUSR1 to local ranks 0, 1 (received SIGTERM): workers drained in 0.03 s``."""
+    ranks = d.get("ranks") if isinstance(d.get("ranks"), list) else []
+    who = (f"local rank{'s' if len(ranks) != 1 else ''} {', '.join(map(str, ranks))}"
+           if ranks else "no running worker")
+    sig = d.get("signal") or "the drain signal"
+    took = d.get("took_s")
+    within = f" in {fmt_seconds(_num(took))}" if isinstance(took, (int, float)) else ""
+    why = f" ({d['reason']})" if d.get("reason") else ""
+    return f"{sig} to {who}{why}: {d.get('workers') or 'drained'}{within}"
+
+
+def _clock_short(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def detail_lines(a: JobAnalysis, *, restarts: bool = True) -> list[str]:
+    """The summary's lines about restarts and budgets per cause (unless not ``restarts``),
+    progress and drains (shared by the run summary, ``fsm-agent report --format text`` and
+    ``fsm-agent replay``)."""
+    lines = []
+    if restarts and a.restart_budget is not None:
+        lines.append(f"restarts: {a.restarts_used} of {a.restart_budget} used"
+                     + "".join(f"; budget {n}: {k} used" for n, k in a.budget_restarts))
+    watched = [i for i in a.incidents if i.progress is not None]
+    if watched:
+        last = watched[-1]
+        assert last.progress is not None
+        lines.append(f"progress (attempt {last.progress.get('attempt', '?')}, node {last.node}):"
+                     f" {describe_progress(last.progress)}")
+    for node, d in a.drains:
+        lines.append(f"drain (node {node}): {describe_drain(d)}")
+    return lines
 
 
 def _rel(path: str) -> str:
@@ -678,9 +755,7 @@ def format_text(a: JobAnalysis) -> str:
         verb = {"gave up": "gave up", "restart": "restarted", "aborted": "aborted"}.get(
             x.decision.outcome, x.decision.outcome)
         lines.append(f"decided by: {x.decision.describe()} -> {verb}")
-    if a.restart_budget is not None:
-        lines.append(f"restarts: {a.restarts_used} of {a.restart_budget} used"
-                     + "".join(f"; budget {n}: {k} used" for n, k in a.budget_restarts))
+    lines.extend(detail_lines(a))
     if a.incidents:
         parts = [f"{c} {fmt_seconds(s)} ({k}x)" for c, s, k in a.lost_by_cause]
         lines.append(f"time lost: {fmt_seconds(a.lost)}: " + "; ".join(parts))

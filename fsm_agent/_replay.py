@@ -422,9 +422,13 @@ def replay(spec: Spec, trace: Trace, *, params: Mapping[str, Any] | None = None
     return result(None)
 
 
-def summary(res: ReplayResult, steps: int | None = None) -> str:
+def summary(res: ReplayResult, steps: int | None = None, *, restarts_used: int | None = None,
+            budgets: Sequence[tuple[str, int]] = (), details: Sequence[str] = ()) -> str:
     """A few lines saying what the lifecycle did (in its first ``steps`` steps, default all
-    that were checked), for ``fsm-agent replay``."""
+    that were checked), for ``fsm-agent replay``. ``restarts_used`` and ``budgets``: the
+    default budget's restarts and each named budget's, told apart (the trace's
+    ``restart_count`` counts every budget's); ``details``: lines about progress and drains
+    (``fsm_agent._analysis.detail_lines``)."""
     n = res.checked if steps is None else steps
     path = [res.trace.records[0].source] if res.trace.records else []
     path += [(r.dest or "?") + (f" (x{r.count})" if r.count > 1 else "")
@@ -433,8 +437,10 @@ def summary(res: ReplayResult, steps: int | None = None) -> str:
     lines = [f"{total} step(s): {' -> '.join(path)}"]
     last = res.trace.records[n - 1] if n else None
     if last is not None:
-        lines.append(f"restarts used: {last.data['restart_count']}, left: "
-                     f"{last.data['remaining_restarts']}")
+        used = last.data["restart_count"] if restarts_used is None else restarts_used
+        lines.append(f"restarts used: {used}, left: {last.data['remaining_restarts']}"
+                     + "".join(f"; budget {b}: {k} used" for b, k in budgets))
+        lines.extend(details)
         if last.error:
             lines.append(f"ended with: {last.error}")
     if res.params:

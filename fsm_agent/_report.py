@@ -26,6 +26,7 @@ from ._analysis import (
     Incident,
     JobAnalysis,
     describe_failure,
+    describe_progress,
     fmt_seconds,
 )
 from ._files import FileRefused, printable_lines, read_tail_under, read_under
@@ -348,7 +349,9 @@ def _incidents(a: JobAnalysis) -> str:
         rows.append(
             f'<tr class="incident-row"><td class="num">{n}</td>'
             f'<td class="num">+{_e(fmt_seconds(inc.start - a.start))}</td>'
-            f"<td>{_e(labels.get(inc.lane, inc.node))}</td><td>{_e(inc.cause)}</td>"
+            f"<td>{_e(labels.get(inc.lane, inc.node))}</td><td>{_e(inc.cause)}"
+            + (f'<br><small class="progress">progress: {_e(describe_progress(inc.progress))}'
+               "</small>" if inc.progress is not None else "") + "</td>"
             f"<td>{ranks}</td>"
             f"<td><code>{_e(d.describe() if d else '-')}</code>"
             + (f"<br><small>{_e(d.description)}</small>" if d and d.description else "")
@@ -358,6 +361,24 @@ def _incidents(a: JobAnalysis) -> str:
     return ('<table id="incidents"><tr><th>#</th><th>when</th><th>agent</th><th>cause</th>'
             "<th>failed ranks</th><th>decided by (rule or transition)</th><th>outcome</th>"
             "<th>restarts used / left</th><th>time lost</th></tr>" + "".join(rows) + "</table>")
+
+
+def _took(took: Any) -> str:
+    return fmt_seconds(float(took)) if isinstance(took, (int, float)) else "-"
+
+
+def _drains(a: JobAnalysis) -> str:
+    rows = "".join(
+        f'<tr class="drain-row"><td>{_e(node)}</td><td>{_e(d.get("reason") or "-")}</td>'
+        f'<td>{_e(d.get("signal") or "-")}</td>'
+        f'<td>{_e(", ".join(map(str, d.get("ranks") or [])) or "-")}</td>'
+        f'<td class="num">{_e(_took(d.get("took_s")))}</td>'
+        f'<td>{_e(", ".join(map(str, d.get("killed_at_timeout") or [])) or "-")}</td>'
+        f'<td>{_e(d.get("workers") or "-")}</td></tr>'
+        for node, d in a.drains)
+    return ('<table id="drains"><tr><th>agent</th><th>why</th><th>drain signal</th>'
+            "<th>local ranks</th><th>took</th><th>killed at drain_timeout</th><th>workers</th>"
+            "</tr>" + rows + "</table>")
 
 
 def _lost(a: JobAnalysis) -> str:
@@ -458,6 +479,8 @@ def render_html(
         "<h2>Spec and the path taken</h2>",
         _diagram(_inline_svg(diagram_svg) if diagram_svg else None, taken),
     ]
+    if a.drains:
+        body += ["<h2>Preemption</h2>", _drains(a)]
     if stacks:
         body += ["<h2>Stacks of hung workers</h2>", _stack_section(stacks, log_dirs)]
     if files:

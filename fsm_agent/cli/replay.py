@@ -76,6 +76,7 @@ def _lifecycle_json(index: int, res: ReplayResult) -> dict[str, Any]:
 
 
 def _replay(argv: list[str]) -> int:
+    from .._analysis import analyse, detail_lines
     from .._files import printable_lines as safe  # trace fields: no escapes, no huge lines
     from .._replay import replay, summary
 
@@ -100,7 +101,10 @@ def _replay(argv: list[str]) -> int:
         if res.ok:
             if not args.quiet:
                 print(f"{label}: follows spec {spec.name!r} ({shown(spec.path)})")
-                print("  " + safe(summary(res)).replace("\n", "\n  "))
+                seen = analyse([res.trace], res.spec)
+                print("  " + safe(summary(
+                    res, restarts_used=seen.restarts_used, budgets=seen.budget_restarts,
+                    details=detail_lines(seen, restarts=False))).replace("\n", "\n  "))
         else:
             print(f"{label}: diverges from spec {spec.name!r} ({shown(spec.path)})")
             print(f"  {safe(res.divergence)}")

@@ -44,6 +44,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
@@ -238,9 +239,24 @@ class DrainMixin:
         self._fsm_note_workers(f"not every worker drained: {killed}"
                                + (f", {exited}" if exited else ""))
 
-    def _fsm_note_workers(self, text: str) -> None:
+    def _fsm_note_workers(self, text: str, killed: Sequence[int] = ()) -> None:
+        """How the drain ended for the workers: in the preemption (the run's last line) and in
+        the trace (``diagnostics.drain`` on the step that ends the drain; ``killed``: the local
+        ranks still running at ``drain_timeout``)."""
         if self._fsm_preemption is not None:
             self._fsm_preemption = attrs.evolve(self._fsm_preemption, workers=text)
+        started, sent = self._fsm_drain_started, self._fsm_drain_sent
+        codes = self._fsm_worker_exit_codes()
+        self._fsm_note("drain", {  # type: ignore[attr-defined]
+            "reason": self._fsm_preemption.reason if self._fsm_preemption is not None else None,
+            "signal": _signal_name(sent) if sent is not None else None,
+            "ranks": sorted(self._fsm_drain_ranks),
+            "took_s": round(time.monotonic() - started, 6) if started is not None else None,
+            "exit_codes": {str(r): c for r, c in sorted(codes.items())
+                           if r in self._fsm_drain_ranks and r not in killed},
+            "killed_at_timeout": sorted(killed),
+            "workers": text,
+        })
 
     def _fsm_worker_exit_codes(self) -> dict[int, int | None]:
         """Each worker's exit code by local rank, as ``subprocess`` gives it (``-N``: killed by
@@ -307,7 +323,7 @@ class DrainMixin:
                        len(left), left)
         self._fsm_note_workers(
             f"not every worker drained: {_ranks(left)} killed at drain_timeout" if left
-            else "workers drained")
+            else "workers drained", killed=left)
         pcontext.close(signal.SIGKILL, timeout=max(1, int(self._shutdown_timeout or 1)))  # type: ignore[attr-defined]
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:

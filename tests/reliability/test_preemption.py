@@ -7,6 +7,7 @@ The torch presets keep torch's behaviour (a signal stops the workers at once, ``
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -61,9 +62,30 @@ def test_sigterm_drains_every_worker_and_exits_with_the_preempted_code(
     assert replay([str(trace)]) == 0
     out = capsys.readouterr().out
     assert "-> DRAINING -> PREEMPTED" in out and "ended with: Preempted: received SIGTERM" in out
+    # the drain itself: its signal, the workers it reached and how long they took, in the
+    # trace's last step and in each tool that reads it
+    drain = _drain_record(trace)
+    assert drain["signal"] == "SIGUSR1" and drain["ranks"] == [0, 1], drain
+    assert drain["reason"] == "received SIGTERM" and drain["killed_at_timeout"] == [], drain
+    assert drain["exit_codes"] == {"0": 0, "1": 0} and 0 < drain["took_s"] < 20, drain
+    assert "drain (node " in out and "SIGUSR1 to local ranks 0, 1 (received SIGTERM): workers " \
+        "drained in" in out, out
+    assert report([str(trace), "--format", "text"]) == 0
+    assert "SIGUSR1 to local ranks 0, 1 (received SIGTERM): workers drained" in \
+        capsys.readouterr().out
     page = tmp_path / "report.html"
     assert report([str(trace), "-o", str(page)]) == 0
-    assert "id='outcome'>PREEMPTED" in page.read_text()
+    html = page.read_text()
+    assert "id='outcome'>PREEMPTED" in html
+    assert html.count('<tr class="drain-row">') == 1 and "<td>SIGUSR1</td>" in html
+
+
+def _drain_record(trace: Path) -> dict[str, object]:
+    steps = [json.loads(line) for line in trace.read_text().splitlines()]
+    found = [s["diagnostics"]["drain"] for s in steps if "drain" in s.get("diagnostics", {})]
+    assert len(found) == 1, found  # once, on the step that ended the drain
+    assert steps[-1]["diagnostics"]["drain"] is found[0]
+    return found[0]  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(120)
@@ -92,8 +114,11 @@ def test_one_agent_preempted_drains_the_whole_job_with_one_exit_code(jobs: Jobs)
 
 
 @pytest.mark.timeout(90)
-def test_a_worker_that_ignores_the_drain_signal_is_killed_at_drain_timeout(jobs: Jobs) -> None:
-    job = jobs.start(_standalone("drain_timeout=2s", nproc=1), DRAIN, env={"IGNORE_DRAIN": "1"})
+def test_a_worker_that_ignores_the_drain_signal_is_killed_at_drain_timeout(
+        jobs: Jobs, tmp_path: Path) -> None:
+    trace = tmp_path / "drain.jsonl"
+    job = jobs.start([*_standalone("drain_timeout=2s", nproc=1), "--trace", str(trace)], DRAIN,
+                     env={"IGNORE_DRAIN": "1"})
     pids = _pids(job, 1)
     job.proc.send_signal(signal.SIGTERM)
     rc, took = _exits(job, 30)
@@ -104,6 +129,9 @@ def test_a_worker_that_ignores_the_drain_signal_is_killed_at_drain_timeout(jobs:
                                    "worker drained: local rank 0 killed at drain_timeout "
                                    "(exit 143)")
     assert not [p for p in pids if alive(p)]
+    drain = _drain_record(trace)
+    assert drain["killed_at_timeout"] == [0] and drain["exit_codes"] == {}, drain
+    assert 2 <= drain["took_s"] < 10, drain  # type: ignore[operator]
 
 
 @pytest.mark.timeout(90)

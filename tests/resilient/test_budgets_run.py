@@ -5,6 +5,8 @@ once, on the rendezvous store. The workers' exit codes are scripted per attempt.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,6 +45,18 @@ def test_infra_and_user_failures_spend_their_own_budgets(jobs: Jobs, tmp_path: P
     assert "(budget infra: 1 of 2 used; not counted against max_restarts)" in job.output
     assert "(budget infra: 2 of 2 used; not counted against max_restarts)" in job.output
     assert "restart 1 of 1 (rule 'retry')" in job.output
+    # replay and the report tell the budgets apart too
+    assert _tool("replay", trace).splitlines()[2].strip() == (
+        "restarts used: 1, left: 0; budget infra: 2 used; budget node_replacements: 0 used")
+    assert "restarts: 1 of 1 used; budget infra: 2 used;" in _tool("report", trace)
+
+
+def _tool(name: str, trace: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "fsm_agent", name, str(trace),
+                          *(["--format", "text"] if name == "report" else [])],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
 
 def test_an_infra_failure_restarts_with_no_user_restart_allowed(jobs: Jobs) -> None:

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +47,17 @@ def test_steps_that_stop_advancing_give_up_after_exactly_no_progress_restarts(
     assert verdicts[-1]["stalled_restarts"] == limit
     assert verdicts[1]["end"]["step"] == 103  # type: ignore[index]  # attempt 1's last step
     assert "rule 'no_progress'" in job.output
+    # the run summary, replay and the report say where progress stopped
+    said = f"step 103 -> step 103: no progress ({limit} restart{'s' if limit > 1 else ''} in a row)"
+    assert f"progress (attempt {1 + limit}, node " in job.output and said in job.output
+    for tool in (["replay"], ["report", "--format", "text"]):
+        out = subprocess.run([sys.executable, "-m", "fsm_agent", *tool, str(trace)],
+                             capture_output=True, text=True, timeout=60)
+        assert said in out.stdout, (tool, out.stdout, out.stderr)
+    page = trace.with_suffix(".html")
+    subprocess.run([sys.executable, "-m", "fsm_agent", "report", str(trace), "-o", str(page)],
+                   check=True, capture_output=True, timeout=60)
+    assert page.read_text().count('<small class="progress">progress: ') == 2 + limit
 
 
 @pytest.mark.timeout(120)
