@@ -89,7 +89,8 @@ _STEP_FIELDS: dict[str, type | tuple[type, ...]] = {
     "restart_count": int,
 }
 # Header fields the writer owns; static fields may not shadow them or the step fields.
-_RESERVED = frozenset({"kind", "format", "version", "spec", "spec_path", "preset", "seq",
+_RESERVED = frozenset({"kind", "format", "version", "spec", "spec_path", "preset", "vocabulary",
+                       "seq",
                        "wall_time", "params", "rule", "timer",
                        "monotonic_time", "observed", "failures", "error", "role", *_STEP_FIELDS,
                        "count", "last_wall_time", "last_monotonic_time", "continues"})
@@ -213,6 +214,7 @@ class JsonlTraceWriter:
         max_bytes: int | None = None,
         backups: int = 1,
         params: Mapping[str, Any] | None = None,
+        vocabulary: str | None = None,
         **static: Any,
     ) -> None:
         clash = sorted(set(static) & (_RESERVED - {"role"}))
@@ -263,6 +265,9 @@ class JsonlTraceWriter:
                     header["preset"] = True
         if in_force:
             header["params"] = in_force
+        if vocabulary:
+            # named, never imported by a reader: replay and report suggest it (--vocabulary)
+            header["vocabulary"] = vocabulary
         header.update(self._static)
         self._header = header
         try:
@@ -723,7 +728,7 @@ def _check_header(shown: str, n: int, data: Mapping[str, Any]) -> None:
     if not isinstance(version, int) or isinstance(version, bool) or version > TRACE_VERSION:
         raise TraceError(shown, n, f"trace format version {_shown_value(version)} is newer "
                          f"than this fsm-agent reads ({TRACE_VERSION})")
-    for field in ("spec", "spec_path"):
+    for field in ("spec", "spec_path", "vocabulary"):
         if not isinstance(data.get(field, ""), str):
             raise TraceError(shown, n, f"header field {field!r} must be a string")
     params = data.get("params", {})

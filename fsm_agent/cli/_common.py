@@ -370,18 +370,25 @@ def spec_for_trace(args: argparse.Namespace, trace_path: str, traces: Sequence[T
     from .._files import printable
     from .._replay import UntrustedSpec, trace_spec
 
+    # The vocabulary the run used (--vocabulary): named in the header, never imported from it.
+    vocab = traces[0].header.get("vocabulary") if traces else None
+    also = (f" and --vocabulary {printable(vocab)}" if isinstance(vocab, str) and vocab
+            and not getattr(args, "vocabulary", None) else "")
     if given:
         try:
             return load_spec_arg(args, given, flag=flag)
         except SpecError as e:
-            raise UsageError(f"{flag}: {e}") from None
+            hint = (f" (the trace was recorded with --vocabulary {printable(vocab)}: pass it "
+                    "too, if you trust that module)" if also else "")
+            raise UsageError(f"{flag}: {e}{hint}") from None
     try:
         return trace_spec(traces[0])
     except UntrustedSpec as e:
         where = printable(trace_path)
         option = flag.startswith("-")
         if e.path:
-            how = f"{flag} {e.path}" if option else f"{e.path} as {flag}"
-            raise UsageError(f"{where}: {e}; pass {how} if you trust that file") from None
+            how = f"{flag} {e.path}{also}" if option else f"{e.path} as {flag}{also}"
+            trusted = "that file and module" if also else "that file"
+            raise UsageError(f"{where}: {e}; pass {how} if you trust {trusted}") from None
         how = f"{flag} SPEC" if option else f"it as {flag}"
-        raise UsageError(f"{where}: {e}; pass {how}") from None
+        raise UsageError(f"{where}: {e}; pass {how}{also}") from None

@@ -235,7 +235,8 @@ def _trace_listener(
     try:
         return TraceWriter(path, spec=spec, dynamic=ref.step_fields, node=socket.gethostname(),
                            pid=os.getpid(), run_id=run_id, max_bytes=args.trace_max_size,
-                           backups=args.trace_backups, params=params)
+                           backups=args.trace_backups, params=params,
+                           vocabulary=getattr(args, "vocabulary", None))
     except OSError as e:
         raise UsageError(f"--trace {path}: {e.strerror or e}") from e
 
