@@ -261,32 +261,61 @@ def _find_stderr(a: JobAnalysis, f: FailureInfo, log_dirs: Sequence[str]) -> str
     return None
 
 
-def _stderr_tail(path: str | None, log_dirs: Sequence[str], root: bool) -> str:
+def stderr_tail(path: str | None, log_dirs: Sequence[str], root: bool
+                ) -> tuple[list[str] | None, str | None]:
+    """The last :data:`STDERR_TAIL_LINES` lines of the stderr file at ``path`` (None when not
+    read) and a note saying why not, or how to see them (None when there is nothing to say).
+    ``root``: the failure is the job's root cause, where a missing ``--log-dir`` is worth a
+    hint."""
     if path is None:
         if root and not log_dirs:
-            return ("<p>stderr: not read; fsm-agent report --log-dir DIR (the run's "
-                    f"--log-dir) shows its last {STDERR_TAIL_LINES} lines</p>")
-        return ""
+            return None, ("not read; fsm-agent report --log-dir DIR (the run's --log-dir) shows "
+                          f"its last {STDERR_TAIL_LINES} lines")
+        return None, None
     try:
         # A trace is untrusted: the path is read only under a --log-dir the user gave, a
         # regular file only, and only its end.
         raw = read_tail_under(path, log_dirs, MAX_STDERR_BYTES)
     except FileNotFoundError:
-        note = ("(not saved: the workers' stderr went to the console; fsm-agent run "
-                "--log-dir DIR --redirects 2, or --tee 2, saves it)")
-        return f"<p>stderr: <code>{_e(path)}</code> {_e(note)}</p>"
+        return None, ("not saved: the workers' stderr went to the console; fsm-agent run "
+                      "--log-dir DIR --redirects 2, or --tee 2, saves it")
     except FileRefused as e:
-        note = (f"(not read; fsm-agent report --log-dir DIR shows its last {STDERR_TAIL_LINES} "
-                "lines)" if not log_dirs else f"({e.strerror})")
-        return f"<p>stderr: <code>{_e(path)}</code> {_e(note)}</p>"
+        return None, (f"not read; fsm-agent report --log-dir DIR shows its last "
+                      f"{STDERR_TAIL_LINES} lines" if not log_dirs else str(e.strerror))
     except OSError as e:
-        return f"<p>stderr: <code>{_e(path)}</code> (cannot read: {_e(e.strerror or e)})</p>"
+        return None, f"cannot read: {e.strerror or e}"
     lines = printable_lines(raw.decode("utf-8", "replace"), 1000).splitlines()
     if len(raw) == MAX_STDERR_BYTES and len(lines) > 1:
         lines = lines[1:]  # the first line may be cut
-    tail = lines[-STDERR_TAIL_LINES:]
-    return (f"<p>last {len(tail)} line(s) of its stderr, <code>{_e(path)}</code>:</p>"
-            f'<pre id="stderr-tail">{_e(chr(10).join(tail))}</pre>')
+    return lines[-STDERR_TAIL_LINES:], None
+
+
+def root_stderr_text(a: JobAnalysis, log_dirs: Sequence[str]) -> list[str]:
+    """The root cause's stderr for ``fsm-agent report --format text``: its last lines, or where
+    it is and why it was not read."""
+    f = a.root_cause
+    if f is None:
+        return []
+    path = f.stderr_file or _find_stderr(a, f, log_dirs)
+    tail, note = stderr_tail(path, log_dirs, True)
+    if tail is not None:
+        return [f"last {len(tail)} line(s) of rank {f.rank}'s stderr ({path}):",
+                *(f"  {line}" for line in tail)]
+    if note is None:
+        return []
+    return [f"stderr of rank {f.rank}: " + (f"{path} ({note})" if path else note)]
+
+
+def _stderr_tail(path: str | None, log_dirs: Sequence[str], root: bool) -> str:
+    tail, note = stderr_tail(path, log_dirs, root)
+    if tail is not None:
+        return (f"<p>last {len(tail)} line(s) of its stderr, <code>{_e(path)}</code>:</p>"
+                f'<pre id="stderr-tail">{_e(chr(10).join(tail))}</pre>')
+    if note is None:
+        return ""
+    if path is None:
+        return f"<p>stderr: {_e(note)}</p>"
+    return f"<p>stderr: <code>{_e(path)}</code> {_e(f'({note})')}</p>"
 
 
 def _failure_block(f: FailureInfo, log_dirs: Sequence[str] = (),

@@ -79,7 +79,11 @@ def _report(argv: list[str]) -> int:
             traces.append(t)
     analysis = analyse(traces, specs)
     if fmt == "text":
-        sys.stdout.write(format_text(analysis))
+        from .._report import root_stderr_text
+
+        sys.stdout.write(format_text(analysis)
+                         + "".join(f"{line}\n" for line in root_stderr_text(analysis,
+                                                                            args.log_dir)))
         return OK
     page = _html(analysis, traces, specs, args.traces, args.log_dir)
     out = args.output or "report.html"

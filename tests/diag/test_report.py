@@ -201,6 +201,18 @@ def test_the_root_cause_names_the_log_dir_and_shows_its_stderr_tail(jobs: Jobs,
     tail = "".join(cause.one("pre", id="stderr-tail")._texts()).splitlines()
     assert len(tail) == 20 and tail[0] == "stderr line 11"
     assert "CUDA error: an illegal memory access" in tail[-1] and "\x1b" not in given.read_text()
+    # the text summary says the same, after the root cause
+    for extra in ([], ["--log-dir", str(logs)]):
+        text = subprocess.run([*FSM, "report", str(trace), *extra, "--format", "text"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+        lines = text.splitlines()
+        if not extra:
+            assert "stderr of rank 0: not read; fsm-agent report --log-dir DIR" in text, text
+            assert "stderr line" not in text
+            continue
+        at = lines.index(f"last 20 line(s) of rank 0's stderr ({stderr_log}):")
+        assert lines[at + 1] == "  stderr line 11", text
+        assert "CUDA error: an illegal memory access" in lines[at + 20] and "\x1b" not in text
 
 
 def test_attempts_are_labelled_and_no_label_overlaps_a_bar(failed_job: Path,
