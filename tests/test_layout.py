@@ -74,3 +74,80 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 def test_the_engine_stays_small() -> None:
     lines = (PKG / "_engine.py").read_text().count("\n")
     assert lines < 400, f"fsm_agent/_engine.py has {lines} lines; the design keeps it under 400"
+
+
+# -- the layers of docs/modules.md -----------------------------------------------------------
+
+MAP = PKG.parent / "docs" / "modules.md"
+#: What each outer package may import besides the core: the others it builds on.
+OUTER = {"testing": set(), "torch": set(), "cli": {"testing", "torch"}}
+
+
+def _module_map() -> tuple[list[tuple[str, list[str]]], dict[str, list[str]]]:
+    """docs/modules.md as (core layer, modules) in order, and outer package -> modules."""
+    core: list[tuple[str, list[str]]] = []
+    outer: dict[str, list[str]] = {}
+    part = section = None
+    for line in MAP.read_text().splitlines():
+        if line.startswith("## "):
+            part = line[3:]
+        elif line.startswith("### "):
+            section = line[4:].split(". ", 1)[-1]
+            (core.append((section, [])) if part == "Layers of the core"
+             else outer.setdefault(section, []))
+        elif line.startswith("| `fsm_agent/") and section is not None:
+            path = line.split("`")[1]
+            name = _module_name(PKG.parent / path)
+            (core[-1][1] if part == "Layers of the core" else outer[section]).append(name)
+    return core, outer
+
+
+def test_the_module_map_lists_every_module_once() -> None:
+    core, outer = _module_map()
+    listed = [m for _, mods in core for m in mods] + [m for mods in outer.values() for m in mods]
+    actual = {_module_name(p) for p in PKG.rglob("*.py")}
+    assert len(core) >= 6 and set(outer) == set(OUTER), (core, outer)
+    assert sorted(m for m in set(listed) if listed.count(m) > 1) == [], "listed twice"
+    assert sorted(actual - set(listed)) == [], "modules missing from docs/modules.md"
+    assert sorted(set(listed) - actual) == [], "docs/modules.md lists modules that do not exist"
+
+
+def _layer_violations(graph: dict[str, set[str]], core: list[tuple[str, list[str]]],
+                      outer: dict[str, list[str]]) -> list[str]:
+    level = {m: i for i, (_, mods) in enumerate(core) for m in mods}
+    owner = {m: pkg for pkg, mods in outer.items() for m in mods}
+    names = [name for name, _ in core]
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            if mod in level:
+                ok = dep in level and level[dep] <= level[mod]
+            else:
+                pkg = owner.get(mod)
+                ok = dep in level or owner.get(dep) == pkg or owner.get(dep) in OUTER.get(
+                    pkg or "", set())
+            if not ok:
+                where = (names[level[dep]] if dep in level else owner.get(dep, "?"))
+                bad.append(f"{mod} imports {dep} ({where})")
+    return bad
+
+
+def test_each_module_imports_only_from_its_layer_or_the_layers_below() -> None:
+    core, outer = _module_map()
+    assert _layer_violations(_graph(), core, outer) == []
+
+
+def test_the_layer_rule_finds_an_upward_import() -> None:
+    core = [("base", ["a"]), ("engine", ["b"])]
+    outer = {"torch": ["t"], "cli": ["c"], "testing": ["k"]}
+    graph = {"a": {"b"}, "b": {"a"}, "t": {"c", "a"}, "k": {"t"}, "c": {"t", "k", "b"}}
+    assert _layer_violations(graph, core, outer) == [
+        "a imports b (engine)", "k imports t (torch)", "t imports c (cli)"]
+
+
+def test_tests_readme_names_every_test_directory() -> None:
+    tests = PKG.parent / "tests"
+    text = (tests / "README.md").read_text()
+    dirs = sorted(f"`tests/{d.name}/`" for d in tests.iterdir()
+                  if d.is_dir() and not d.name.startswith((".", "_")))
+    assert [d for d in dirs if f"| {d} |" not in text] == []
