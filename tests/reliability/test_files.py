@@ -535,7 +535,7 @@ def test_bounded_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert read_bounded(big, 1000) == b"x" * 1000
     with pytest.raises(FileRefused, match="larger than 999 bytes"):
         read_bounded(big, 999)
-    import fsm_agent._trace as trace_mod
+    import fsm_agent._trace_reader as trace_mod
 
     lines = GOOD_TRACE.read_text()
     path = tmp_path / "t.jsonl"
