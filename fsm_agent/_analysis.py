@@ -30,6 +30,7 @@ import attrs
 from ._matchers import stopped_by_torch
 from ._spec import Spec
 from ._trace import Trace, TraceRecord, step_record
+from ._trace_schema import fold_key
 
 if TYPE_CHECKING:
     from ._step import Step
@@ -805,6 +806,7 @@ class RunRecorder:
         self._pending: list[str] = []
         self._last: dict[str, Any] | None = None
         self._zdict: bytes | None = None  # the last line of the last compressed chunk
+        self._last_key: dict[str, Any] | None = None  # fold_key of the last record
         self._seq = 0
 
     def __call__(self, step: Step) -> None:
@@ -813,21 +815,18 @@ class RunRecorder:
         if self._fields is not None:
             record.update(self._fields())
         last = self._last
-        noop = (record["source"] == record["dest"] and not record["actions"]
-                and record["error"] is None and not record.get("diagnostics"))
-        if noop and last is not None and last.get("count") is not None and all(
-                last.get(k) == record.get(k) for k in ("trigger", "source", "guards",
-                                                       "remaining_restarts", "observed")):
+        key = fold_key(record)  # the trace writer's rule: the summary counts what a trace shows
+        if key is not None and last is not None and key == self._last_key:
             last["count"] += 1
             last["last_wall_time"] = record["wall_time"]
             last["last_monotonic_time"] = record["monotonic_time"]
             return
-        if noop:
+        if key is not None:
             record.update(count=1, last_wall_time=record["wall_time"],
                           last_monotonic_time=record["monotonic_time"])
         if last is not None:
             self._finish(last)
-        self._last = record
+        self._last, self._last_key = record, key
 
     def _finish(self, record: dict[str, Any]) -> None:
         """Keep ``record``, which no fold can change any more, compactly."""

@@ -5,19 +5,10 @@ transition the engine took (``Lifecycle(..., listeners=[JsonlTraceWriter(path, s
 Each record is written and flushed as one line as soon as its transition ends, so a crash loses
 nothing written before it; at most the line being written is cut short, and the reader names it.
 
-Record fields (``step``): ``seq``, ``wall_time``, ``monotonic_time``, ``trigger``, ``source``,
-``dest``, ``guards`` (``[{"name", "value"}]``, in evaluation order), ``actions`` (``[{"name",
-"kind", "duration_s", "outcome", "error"}]``), ``remaining_restarts``, ``restart_count``,
-``observed`` (the observed state's name or null), ``failures`` (global rank -> failure; a
-failure's ``message`` that is its error file's, which torch's ``ProcessFailure`` holds twice, is
-written once, as ``error_file_data.message``, and the ``message`` key left out),
-``error`` (what ended the lifecycle, if anything), ``rule`` (the failure-policy rule whose
-transition was taken, or null), ``timer`` (the seconds of the timer set on entering ``dest``, the
-backoff chosen for a backoff state; null when ``dest`` has no timer), ``role`` and the writer's
-static fields (``group_rank``, ...). The header records the spec's parameters in force
-(``"params": {"backoff_max": "60"}``, each value in the spec's syntax) when the spec has any. A
-header (``"kind": "header"``) may appear again later in the file: each one starts a new
-lifecycle. The header has ``"preset": true`` when the spec is a built-in one.
+Every field of a header and of a step record, its JSON types and meaning, the ``diagnostics``
+records and the fold rule are declared in ``fsm_agent._trace_schema`` (docs/diagrams.md shows
+them as tables). A header (``"kind": "header"``) may appear again later in the file: each one
+starts a new lifecycle.
 
 A writer that cannot write a record (a full disk, a file size limit) stops and, if the file still
 takes it, appends ``{"kind": "incomplete", "seq": N, "error": ...}``: records from ``seq`` N on
@@ -55,7 +46,7 @@ import attrs
 
 from ._files import open_regular
 from ._trace_reader import MAX_LINE_BYTES, Trace, TraceRecord, read_trace
-from ._trace_schema import _RESERVED, _TIME_FIELDS, TRACE_FORMAT, TRACE_VERSION, TraceError
+from ._trace_schema import _RESERVED, TRACE_FORMAT, TRACE_VERSION, TraceError, fold_key
 from ._units import parse_size
 
 if TYPE_CHECKING:
@@ -397,14 +388,12 @@ class JsonlTraceWriter:
                        "restart_count": record["restart_count"]}
 
     def _add(self, record: dict[str, Any]) -> None:
-        foldable = (record["source"] == record["dest"] and not record["actions"]
-                    and record["error"] is None and not record.get("diagnostics"))
-        if not foldable:
+        sig = fold_key(record)
+        if sig is None:
             if self._fold_record is not None:
                 self._close_fold()
             self._write(record, self._seq)
             return
-        sig = {k: v for k, v in record.items() if k not in _TIME_FIELDS}
         if sig == self._fold_sig and self._fold_record is not None:
             self._fold_record["last_wall_time"] = record["wall_time"]
             self._fold_record["last_monotonic_time"] = record["monotonic_time"]

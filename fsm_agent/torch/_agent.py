@@ -38,6 +38,7 @@ from fsm_agent._progress import (
     note_attempt_end,
     read_steps,
 )
+from fsm_agent._trace_schema import DIAGNOSTICS
 from fsm_agent.torch._compat import enabled, require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
@@ -507,6 +508,8 @@ class LifecycleAgentMixin:
         return HUNG_TRIGGER
 
     def _fsm_note(self, key: str, value: Any) -> None:
+        if key not in DIAGNOSTICS:  # the readers know only the declared records
+            raise ValueError(f"undeclared diagnostics record {key!r} (fsm_agent._trace_schema)")
         if self._fsm_diagnostics is None:
             self._fsm_diagnostics = {}
         self._fsm_diagnostics[key] = value

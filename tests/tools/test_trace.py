@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -207,3 +209,80 @@ def test_the_real_run_fixture_reads() -> None:
     assert failed["observed"] == "FAILED"
     assert sorted(failed["failures"]) == ["0", "1"]
     assert 1 in {f["exitcode"] for f in failed["failures"].values()}
+
+
+# -- the declared schema (fsm_agent/_trace_schema.py) ----------------------------------------
+
+
+def test_the_writer_writes_exactly_the_declared_fields(tmp_path: Path) -> None:
+    from fsm_agent._trace_schema import FOLD_FIELDS, HEADER_FIELDS, STEP_FIELDS
+
+    path = tmp_path / "t.jsonl"
+    run_traced(path, "torchelastic", ["HEALTHY", "HEALTHY", "HEALTHY", "FAILED", "SUCCEEDED"],
+               max_restarts=1)
+    header, *steps = lines(path)
+    static = {"group_rank"}  # run_traced's static field
+    assert set(header) - static <= {f.name for f in HEADER_FIELDS}, header
+    declared = {f.name for f in (*STEP_FIELDS, *FOLD_FIELDS)}
+    for step in steps:
+        assert set(step) - static <= declared, step
+        for f in (*STEP_FIELDS, *FOLD_FIELDS):
+            if f.name in step:
+                assert isinstance(step[f.name], f.types), (f.name, step[f.name])
+    # every field the engine owns is written (diagnostics are the torch agent's, when any)
+    assert {f.name for f in STEP_FIELDS} - {"diagnostics"} <= set(steps[0])
+    assert any("count" in s for s in steps)  # the healthy ticks folded
+
+
+def test_the_docs_show_the_declared_tables() -> None:
+    from fsm_agent._trace_schema import (
+        FOLD_FIELDS,
+        HEADER_FIELDS,
+        STEP_FIELDS,
+        diagnostics_table,
+        field_table,
+    )
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "diagrams.md").read_text()
+    for table in (field_table(STEP_FIELDS), field_table(FOLD_FIELDS), field_table(HEADER_FIELDS),
+                  diagnostics_table()):
+        assert table in doc, f"docs/diagrams.md lacks (regenerate it from the schema):\n{table}"
+
+
+def test_the_run_summary_folds_as_the_trace_does(tmp_path: Path) -> None:
+    # One fold rule: the recorder behind the end-of-run summary keeps the records the trace
+    # writer writes, counts included.
+    from fsm_agent import load_spec
+    from fsm_agent._analysis import RunRecorder
+
+    def group_ranks() -> Iterator[dict[str, int]]:
+        # a field that changes between two quiet ticks (a re-rendezvous moved the group)
+        for n in itertools.count():
+            yield {"group_rank": 0 if n < 3 else 1}
+
+    path = tmp_path / "t.jsonl"
+    mine, theirs = group_ranks(), group_ranks()
+    recorder = RunRecorder(fields=lambda: next(mine))
+    script = ["HEALTHY"] * 5 + ["FAILED", "HEALTHY", "HEALTHY", "SUCCEEDED"]
+    spec = load_spec("torchelastic")
+    with JsonlTraceWriter(path, spec=spec, dynamic=lambda: next(theirs)) as writer:
+        Lifecycle(spec, RecordingDriver(script), max_restarts=1,
+                  listeners=[writer, recorder]).run(0.0)
+    _, *written = lines(path)
+    shown = [(r["seq"], r["trigger"], r.get("count"), r["group_rank"]) for r in written]
+    # the quiet ticks fold, but not across the change
+    assert [(t, c is not None, g) for _, t, c, g in shown[:3]] == [
+        ("start", False, 0), ("healthy", True, 0), ("healthy", True, 1)], shown
+    assert [(r["seq"], r["trigger"], r.get("count"), r["group_rank"])
+            for r in recorder.records()] == shown
+
+
+def test_an_undeclared_diagnostics_record_is_refused() -> None:
+    pytest.importorskip("torch")
+    from fsm_agent.torch._agent import LifecycleAgentMixin
+
+    agent = LifecycleAgentMixin.__new__(LifecycleAgentMixin)
+    with pytest.raises(ValueError, match="undeclared diagnostics record 'mood'"):
+        agent._fsm_note("mood", {"ok": True})
+    agent._fsm_note("drain", {"took_s": 1.0})
+    assert agent.trace_fields()["diagnostics"] == {"drain": {"took_s": 1.0}}
