@@ -428,7 +428,7 @@ def summary(res: ReplayResult, steps: int | None = None, *, restarts_used: int |
     that were checked), for ``fsm-agent replay``. ``restarts_used`` and ``budgets``: the
     default budget's restarts and each named budget's, told apart (the trace's
     ``restart_count`` counts every budget's); ``details``: lines about progress and drains
-    (``fsm_agent._analysis.detail_lines``)."""
+    (``fsm_agent._summary.detail_lines``)."""
     n = res.checked if steps is None else steps
     path = [res.trace.records[0].source] if res.trace.records else []
     path += [(r.dest or "?") + (f" (x{r.count})" if r.count > 1 else "")

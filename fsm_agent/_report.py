@@ -21,15 +21,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._analysis import (
-    FailureInfo,
-    Incident,
-    JobAnalysis,
-    describe_failure,
-    describe_progress,
-    fmt_seconds,
-)
+from ._analysis import FailureInfo, Incident, JobAnalysis
 from ._files import FileRefused, printable_lines, read_tail_under, read_under
+from ._summary import describe_failure, describe_progress, fmt_seconds
 
 __all__ = ["render_html"]
 

@@ -2,7 +2,7 @@
 record with its JSON types and meaning, the ``diagnostics`` records, and the fold rule.
 
 The writer (``fsm_agent._trace``), the in-memory recorder of the run summary
-(``fsm_agent._analysis.RunRecorder``), the reader's checks (``fsm_agent._trace_reader``) and the
+(``fsm_agent._summary.RunRecorder``), the reader's checks (``fsm_agent._trace_reader``) and the
 tables in docs/diagrams.md are derived from these tables (``tests/tools/test_trace.py`` checks the
 docs against :func:`field_table`). A new field goes here first.
 """

@@ -187,7 +187,8 @@ def test_the_job_ledger_counts_each_budget_once_for_the_job() -> None:
 
 
 def test_a_trace_with_named_budgets_replays_and_reports_them(tmp_path: Path) -> None:
-    from fsm_agent._analysis import analyse, format_text
+    from fsm_agent._analysis import analyse
+    from fsm_agent._summary import format_text
     from fsm_agent.trace import open_trace, read_trace, replay
 
     path = tmp_path / "t.jsonl"

@@ -76,9 +76,10 @@ def _lifecycle_json(index: int, res: ReplayResult) -> dict[str, Any]:
 
 
 def _replay(argv: list[str]) -> int:
-    from .._analysis import analyse, detail_lines
+    from .._analysis import analyse
     from .._files import printable_lines as safe  # trace fields: no escapes, no huge lines
     from .._replay import replay, summary
+    from .._summary import detail_lines
 
     args = build_parser().parse_args(argv)
     traces = read_trace_arg(args.trace)

@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(argv: list[str]) -> int:
-    from .._analysis import analyse, format_text
+    from .._analysis import analyse
+    from .._summary import format_text
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._analysis import RunRecorder, format_text
 from .._drain import Preempted
 from .._errors import SpecError
 from .._health import LeftJob
 from .._load import preset_names
+from .._summary import RunRecorder, format_text
 from .._trace import TraceWriter
 from ..torch._job import JobFailed
 from ..torch._launch import launch

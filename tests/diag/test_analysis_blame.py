@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from fsm_agent import load_spec
-from fsm_agent._analysis import analyse, format_text
+from fsm_agent._analysis import analyse
+from fsm_agent._summary import format_text
 from fsm_agent._trace import Trace, TraceRecord
 
 

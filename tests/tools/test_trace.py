@@ -253,7 +253,7 @@ def test_the_run_summary_folds_as_the_trace_does(tmp_path: Path) -> None:
     # One fold rule: the recorder behind the end-of-run summary keeps the records the trace
     # writer writes, counts included.
     from fsm_agent import load_spec
-    from fsm_agent._analysis import RunRecorder
+    from fsm_agent._summary import RunRecorder
 
     def group_ranks() -> Iterator[dict[str, int]]:
         # a field that changes between two quiet ticks (a re-rendezvous moved the group)
