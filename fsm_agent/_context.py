@@ -170,6 +170,9 @@ class Kind:
     ``int_list``, or ``guard``/``guard_list`` for combinators); ``positional`` is the argument
     a bare value fills (``{exit_code_in: [3]}``); ``factory(**args)`` returns the guard or
     action, and may raise ``ValueError`` for a value it cannot use (the spec check reports it).
+    ``implies(mine, earlier)``: whether a guard of this kind with the arguments ``mine`` holding
+    means one with ``earlier`` holds too, so that a failure-policy rule after the earlier one can
+    never match (``fsm-agent check`` reports it); None when that is never known.
     ``user_only`` names the arguments a spec file may not set: a command to run, a host to probe.
     A spec is data someone may hand you, so there it can only name a parameter whose default is
     empty; the value comes from the user who runs the job (``--spec-param``) or from Python code
@@ -184,6 +187,7 @@ class Kind:
     terminal: bool = False
     description: str = ""
     user_only: frozenset[str] = attrs.field(default=frozenset(), converter=_name_set)
+    implies: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None = None
 
     def instantiate(self, args: Mapping[str, Any], values: Mapping[str, Any]) -> Callable[..., Any]:
         """The guard or action for ``args`` (values, or ``Ref``s resolved against ``values``)."""

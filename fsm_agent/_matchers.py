@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._context import Context, Guard, Kind
@@ -167,28 +167,54 @@ def _set_exit_code(code: int) -> Callable[[Context], None]:
 
 _RANKS_ARG = {"ranks": _RANKS}
 
+
+def _listed(key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool]:
+    """``implies`` of a matcher on a list: its values a subset of the earlier one's, over the
+    same or fewer ranks."""
+    def implies(mine: Mapping[str, Any], earlier: Mapping[str, Any]) -> bool:
+        ranks_ok = not (mine.get("ranks") == "any" and earlier.get("ranks", "all") == "all")
+        # An empty list matches no failure: the rule is off until its parameter is set, not
+        # shadowed (two such rules are independent switches).
+        values = set(mine[key])
+        return ranks_ok and bool(values) and values <= set(earlier[key])
+    return implies
+
+
+def _at_least(*keys: str, at_most: tuple[str, ...] = ()) -> Callable[
+        [Mapping[str, Any], Mapping[str, Any]], bool]:
+    """``implies`` of a threshold: each of ``keys`` at least the earlier one's, each of
+    ``at_most`` at most."""
+    def implies(mine: Mapping[str, Any], earlier: Mapping[str, Any]) -> bool:
+        return (all(mine[k] >= earlier[k] for k in keys)
+                and all(mine[k] <= earlier[k] for k in at_most))
+    return implies
+
 GUARD_KINDS: dict[str, Kind] = {
     "exit_code_in": Kind(_exit_code_in, {"codes": "int_list", "ranks": "str"}, "codes",
-                         {"ranks": "all"}, _RANKS_ARG,
+                         {"ranks": "all"}, _RANKS_ARG, implies=_listed("codes"),
                          description="every (any) failed rank exited with one of the codes"),
     "exit_code_not_in": Kind(_exit_code_not_in, {"codes": "int_list", "ranks": "str"}, "codes",
                              {"ranks": "all"}, _RANKS_ARG,
                              description="every (any) failed rank exited with a code not listed"),
     "signal_in": Kind(_signal_in, {"signals": "str_list", "ranks": "str"}, "signals",
-                      {"ranks": "all"}, _RANKS_ARG,
+                      {"ranks": "all"}, _RANKS_ARG, implies=_listed("signals"),
                       description="every (any) failed rank was killed by one of the signals"),
     "error_type_in": Kind(_error_type_in, {"types": "str_list", "ranks": "str"}, "types",
-                          {"ranks": "all"}, _RANKS_ARG,
+                          {"ranks": "all"}, _RANKS_ARG, implies=_listed("types"),
                           description="the exception type in the error file is listed"),
     "failed_ranks_at_least": Kind(_failed_ranks_at_least, {"count": "int"}, "count",
+                                  implies=_at_least("count"),
                                   description="at least this many ranks failed"),
     "attempt_shorter_than": Kind(_attempt_shorter_than, {"duration": "duration"}, "duration",
+                                 implies=_at_least(at_most=("duration",)),
                                  description="the attempt ended sooner than this (start-up crash)"),
     "restarts_in_window_at_least": Kind(
         _restarts_in_window_at_least, {"count": "int", "window": "duration"},
+        implies=_at_least("count", at_most=("window",)),
         description="at least `count` failure restarts in the last `window` (MaxR in MaxT)"),
     "consecutive_failures_at_least": Kind(
         _consecutive_failures_at_least, {"count": "int", "min_uptime": "duration"},
+        implies=_at_least("count", at_most=("min_uptime",)),
         description="the last `count` attempts each failed within `min_uptime` of starting"),
     "all_of": Kind(_all_of, {"guards": "guard_list"}, "guards",
                    description="every listed guard holds"),

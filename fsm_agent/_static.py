@@ -384,24 +384,10 @@ class _Static:
         if a is None or b is None or a.kind != b.kind:
             return False
         x, y = self._args(a), self._args(b)
-        if x is None or y is None:
+        kind = self.spec.vocabulary.guard_kinds.get(a.kind)
+        if x is None or y is None or kind is None or kind.implies is None:
             return False
-        if a.kind in ("exit_code_in", "signal_in", "error_type_in"):
-            key = {"exit_code_in": "codes", "signal_in": "signals", "error_type_in": "types"}
-            ranks_ok = not (x.get("ranks") == "any" and y.get("ranks", "all") == "all")
-            # An empty list matches no failure: the rule is off until its parameter is set,
-            # not shadowed (two such rules are independent switches).
-            mine = set(x[key[a.kind]])
-            return ranks_ok and bool(mine) and mine <= set(y[key[a.kind]])
-        if a.kind == "failed_ranks_at_least":
-            return bool(x["count"] >= y["count"])
-        if a.kind == "attempt_shorter_than":
-            return bool(x["duration"] <= y["duration"])
-        if a.kind == "restarts_in_window_at_least":
-            return bool(x["count"] >= y["count"] and x["window"] <= y["window"])
-        if a.kind == "consecutive_failures_at_least":
-            return bool(x["count"] >= y["count"] and x["min_uptime"] <= y["min_uptime"])
-        return False
+        return bool(kind.implies(x, y))
 
     def _instance(self, name: str) -> InstanceSpec | None:
         return next((g for g in self.spec.guard_defs if g.name == name), None)

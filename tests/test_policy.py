@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -291,3 +292,40 @@ def test_a_waiting_state_is_not_monitored() -> None:
     monitors = [c for c in driver.calls if c[0] == "monitor"]
     assert len(monitors) == 2
     assert clock.slept == pytest.approx([0.25, 1.0, 0.25])
+
+
+# -- which rule shadows which: each guard kind's own knowledge (Kind.implies) ---------------
+
+_IMPLIED = Path(__file__).parent / "specs" / "bad" / "policy_rule_implied.yaml"
+
+
+@pytest.mark.parametrize(("first", "second", "shadowed"), [
+    ("{exit_code_in: [3, 4]}", "{exit_code_in: [3]}", True),
+    ("{exit_code_in: [3]}", "{exit_code_in: [3, 4]}", False),
+    ("{exit_code_in: {codes: [3], ranks: all}}", "{exit_code_in: {codes: [3], ranks: any}}",
+     False),
+    ("{signal_in: [SIGKILL, SIGSEGV]}", "{signal_in: [SIGKILL]}", True),
+    ("{error_type_in: [ValueError]}", "{error_type_in: [ValueError, KeyError]}", False),
+    ("{error_type_in: [ValueError, KeyError]}", "{error_type_in: [KeyError]}", True),
+    ("{failed_ranks_at_least: 2}", "{failed_ranks_at_least: 3}", True),
+    ("{failed_ranks_at_least: 3}", "{failed_ranks_at_least: 2}", False),
+    ("{attempt_shorter_than: 10s}", "{attempt_shorter_than: 5s}", True),
+    ("{attempt_shorter_than: 5s}", "{attempt_shorter_than: 10s}", False),
+    ("{restarts_in_window_at_least: {count: 2, window: 10m}}",
+     "{restarts_in_window_at_least: {count: 3, window: 5m}}", True),
+    ("{restarts_in_window_at_least: {count: 2, window: 5m}}",
+     "{restarts_in_window_at_least: {count: 3, window: 10m}}", False),
+    ("{consecutive_failures_at_least: {count: 2, min_uptime: 1m}}",
+     "{consecutive_failures_at_least: {count: 2, min_uptime: 30s}}", True),
+    ("{exit_code_not_in: [3]}", "{exit_code_not_in: [3]}", False),  # no knowledge: silent
+])
+def test_a_rule_implied_by_an_earlier_one_is_reported(first: str, second: str,
+                                                      shadowed: bool) -> None:
+    text = _IMPLIED.read_text().replace("bad_code: {exit_code_in: codes}", f"bad_code: {first}")
+    text = text.replace("code3: {exit_code_in: [3]}", f"code3: {second}")
+    try:
+        parse_spec(text)
+    except SpecError as e:
+        assert shadowed and "rule 'again' can never match" in str(e), str(e)
+    else:
+        assert not shadowed, f"{second} after {first}: not reported"
