@@ -177,6 +177,26 @@ def bench_warm(smoke: bool) -> dict[str, Any]:
             for k in ("restart", "first"):
                 out[key][k] += got[k]
     log("warm restart: " + ", ".join(f"{k} {ms(med(out[k]['restart']))}" for k in configs))
+    out["crashes"] = bench_real_crashes(smoke)
+    return out
+
+
+#: Issue 22's real crashes (``BENCH_CRASH`` of ``bench/workers/crash_restart.py``): the crashing
+#: interpreter tears down before the process is gone, unlike the ``os._exit(1)`` above.
+REAL_CRASHES = {"sys_exit": "`sys.exit(1)`", "exception": "an uncaught exception"}
+
+
+def bench_real_crashes(smoke: bool) -> dict[str, Any]:
+    """The warm restart after a real crash, fsm-agent ``--preload torch`` against torchrun."""
+    reps, restarts = (1, 1) if smoke else (2, 3)
+    launchers = {"torchrun": ("torchrun", False), "fsm --preload": ("fsm", True)}
+    out: dict[str, Any] = {}
+    for crash in REAL_CRASHES:
+        runs = alternate(reps, list(launchers), lambda key, crash=crash: agents.warm_restart(
+            launchers[key][0], 2, preload=launchers[key][1], restarts=restarts, crash=crash))
+        out[crash] = {key: [s for got in rs for s in got["restart"]] for key, rs in runs.items()}
+        log(f"real crash {crash}: " + ", ".join(
+            f"{k} {ms(med(v))}" for k, v in out[crash].items()))
     return out
 
 
@@ -320,6 +340,12 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
         "restart", [])
     row(f"warm restart: crash -> restarted workers past `import torch`, fsm-agent `--preload "
         f"torch` (n={len(wf)}/{len(wt)})", med(wf), med(wt), ms, "<= 0.25x (#13)", 0.25)
+    for crash, how in REAL_CRASHES.items():
+        got = warm.get("crashes", {}).get(crash, {})
+        cf, ct = got.get("fsm --preload", []), got.get("torchrun", [])
+        row(f"warm restart of a real crash ({how}, torch imported): crash -> restarted workers "
+            f"past `import torch`, fsm-agent `--preload torch` (n={len(cf)}/{len(ct)})",
+            med(cf), med(ct), ms, "<= 0.25x (#22)", 0.25)
     scale = results.get("scale", {})
     for label, pick in (("1 x 64", lambda v: v["nnodes"] == 1),
                         ("8 x 4", lambda v: v["nnodes"] > 1)):
@@ -447,6 +473,21 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
                     f"{ms(min(r) if r else None)} | {ms(max(r) if r else None)} | "
                     f"{ms(med(warm[key]['first']))} |")
         add("")
+        crashes = warm.get("crashes", {})
+        if crashes:
+            add("The same job (fsm-agent `--preload torch` against torchrun) when the crash is a")
+            add("real one, whose interpreter, with torch imported, tears down before the process")
+            add("is gone (`BENCH_CRASH`): from the crash to the last restarted worker past")
+            add("`import torch`.")
+            add("")
+            add("| crash | launcher | n | restart | min | max |")
+            add("|---|---|---|---|---|---|")
+            for crash, by in crashes.items():
+                for key, r in by.items():
+                    add(f"| {REAL_CRASHES.get(crash, crash)} | {key.replace('fsm', 'fsm-agent')} "
+                        f"| {len(r)} | {ms(med(r))} | {ms(min(r) if r else None)} | "
+                        f"{ms(max(r) if r else None)} |")
+            add("")
     curves = results.get("curves")
     if curves:
         render_curves(curves, add)
