@@ -34,6 +34,7 @@ from typing import Any
 _MAX_MESSAGE = 1 << 20
 _DEVICES = ("/dev/nvidia", "/dev/dri", "/dev/kfd", "/dev/accel")
 
+_worker_pid = 0  # the worker this process became (its own children must not report)
 _captured: tuple[bytes, bytes] = (b"", b"")  # what the imports wrote to stdout and stderr
 # descriptors the imported modules opened: a worker keeps them
 _own_fds: frozenset[int] = frozenset()
@@ -62,19 +63,141 @@ def main(setup_json: str) -> None:
         sys.exit(0)
     status_path = str(request.get("status_path", ""))
     # Outside the handler: the worker's own exceptions must not carry _Become as their context.
+    ended: BaseException | None = None
     try:
         _become_worker(request, fds, setup["main"], sock)
-    except SystemExit as e:
-        _report(status_path, _exit_code(e.code))
-        raise
-    except KeyboardInterrupt:
-        _report(status_path, -signal.SIGINT)  # the interpreter kills itself with SIGINT
-        raise
-    except BaseException:
-        _report(status_path, 1)  # the traceback, then exit code 1
-        raise
-    # The worker's __main__ ran to its end: the interpreter exits as for a script.
-    _report(status_path, 0)
+    except BaseException as e:  # every way out of __main__, as the interpreter sees them
+        ended = e
+    if os.environ.get(FULL_EXIT_VAR, "") not in ("", "0"):
+        # the interpreter's own way out, teardown included: of the template's objects too,
+        # which the collector skips while they are frozen
+        import gc
+
+        gc.unfreeze()
+        _report(status_path, _code_of(ended))
+        if ended is not None:
+            raise ended
+        return
+    _fast_exit(status_path, ended)
+
+
+#: Set (not ``0``) in a worker's environment, this makes a forked worker end as the interpreter
+#: does, teardown included (C++ static destructors, objects' finalizers), instead of
+#: :func:`_fast_exit`.
+FULL_EXIT_VAR = "FSM_AGENT_PRELOAD_FULL_EXIT"
+# what the interpreter exits with when flushing stdout or stderr fails at the end (Py_RunMain)
+_FLUSH_FAILED = 120
+
+
+def _code_of(ended: BaseException | None) -> int:
+    """The exit code (negative: the signal) the interpreter ends with after ``ended``."""
+    if ended is None:
+        return 0
+    if isinstance(ended, SystemExit):
+        return _exit_code(ended.code)
+    if isinstance(ended, KeyboardInterrupt):
+        return -signal.SIGINT  # the interpreter kills itself with SIGINT
+    return 1  # the traceback, then exit code 1
+
+
+def _fast_exit(status_path: str, ended: BaseException | None) -> None:
+    """End the worker as ``Py_RunMain`` does after ``__main__`` (with ``ended``, what left it),
+    without the interpreter's teardown: with torch imported that teardown (every module's
+    objects released, in a process whose memory is the template's copy-on-write pages) takes
+    0.3-0.8 s, during which the agent cannot restart the group.
+
+    Kept, in the interpreter's order: the flush of ``sys.stdout`` and ``sys.stderr`` as
+    ``__main__`` ends; when an exception ended it, the flush of C's stdio and the exception's
+    report (``SystemExit``'s message, the traceback through ``sys.excepthook``); the join of
+    non-daemon threads and ``threading._register_atexit`` callbacks; the ``atexit`` handlers
+    (``logging.shutdown``, ``weakref.finalize``, multiprocessing's); the flush of the standard
+    streams again (exit code 120 if that fails, as the interpreter) and, beyond what a teardown
+    is sure to do, of every other file object the worker opened; then C's stdio (``exit()``
+    flushes it, ``os._exit`` would not). Not kept: objects' ``__del__`` at teardown and C/C++
+    exit handlers (static destructors), hence :data:`FULL_EXIT_VAR`.
+    """
+    code = _code_of(ended)
+    _flush_standard_streams()
+    if ended is not None:
+        _flush_c_stdio()
+        if not isinstance(ended, SystemExit):
+            _print_uncaught(ended)
+        elif ended.code is not None and not isinstance(ended.code, int):
+            with contextlib.suppress(Exception):
+                print(ended.code, file=sys.stderr)
+    del ended  # its traceback holds the worker's frames
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()  # type: ignore[attr-defined]
+    import atexit
+
+    atexit._run_exitfuncs()
+    if not _flush_files() and code >= 0:
+        code = _FLUSH_FAILED
+    _flush_c_stdio()
+    if os.getpid() == _worker_pid:  # not a process the worker forked that left __main__ too
+        _report(status_path, code)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF if code >= 0 else 128 - code)
+
+
+def _print_uncaught(error: BaseException) -> None:
+    """What ``PyErr_Print`` does with an exception that left ``__main__``."""
+    sys.last_type, sys.last_value, sys.last_traceback = (
+        type(error), error, error.__traceback__)
+    hook = getattr(sys, "excepthook", None)
+    try:
+        if hook is None:
+            raise RuntimeError("lost sys.excepthook")
+        hook(type(error), error, error.__traceback__)
+    except BaseException as hook_error:  # the interpreter reports both
+        with contextlib.suppress(Exception):
+            print("Error in sys.excepthook:", file=sys.stderr)
+            sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+            print("\nOriginal exception was:", file=sys.stderr)
+            sys.__excepthook__(type(error), error, error.__traceback__)
+
+
+def _flush_standard_streams() -> bool:
+    """Flush ``sys.stdout`` and ``sys.stderr``; whether both flushed."""
+    ok = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception:
+            ok = False
+    return ok
+
+
+def _flush_files() -> bool:
+    """Flush the standard streams and the worker's other open files; whether the standard
+    streams flushed (the interpreter's exit code depends on it)."""
+    import gc
+    import io
+
+    ok = _flush_standard_streams()
+    # The template froze its own objects (gc.freeze), so this lists only the worker's: a few
+    # thousand, not torch's 165,000. Text layers first, then the buffers under them.
+    kinds = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    files = [o for o in gc.get_objects() if isinstance(o, kinds)]
+    files.sort(key=lambda f: not isinstance(f, io.TextIOWrapper))
+    for f in [*files, sys.__stdout__, sys.__stderr__]:
+        with contextlib.suppress(Exception):
+            if f is not None and not f.closed:
+                f.flush()
+    return ok
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
 
 
 def _exit_code(code: object) -> int:
@@ -189,6 +312,12 @@ def _serve(sock: socket.socket, setup: dict[str, Any]) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    # What the imports made moves out of the collector's generations: a worker's collections
+    # then neither walk nor touch (copy on write) them, and _fast_exit lists only its own. No
+    # gc.collect() first: 0.15 s with torch, on the way to the first workers.
+    import gc
+
+    gc.freeze()
     _send(sock, {"op": "ready"})
     while True:
         ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
@@ -246,6 +375,8 @@ def _become_worker(request: dict[str, Any], fds: list[int], main: list[str],
                    sock: socket.socket) -> None:
     """In the forked child: undo the template, take the worker's descriptors, environment and
     command line, and run its ``__main__``, as ``Popen`` and ``python [-u] SCRIPT`` would."""
+    global _worker_pid  # noqa: PLW0603 - read by _fast_exit
+    _worker_pid = os.getpid()
     os.setsid()  # Popen(start_new_session=True)
     signal.set_wakeup_fd(-1)
     for sig, handler in _worker_signals.items():
