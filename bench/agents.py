@@ -354,6 +354,20 @@ def warm_restart(launcher: str, nproc: int, *, preload: bool, imports: str = "to
     return out
 
 
+def import_startup(launcher: str, nproc: int, *, preload: bool,
+                   imports: str = "torch") -> float:
+    """One job of ``nproc`` workers that import ``imports`` and finish: from the launch to the
+    last worker past its imports (the first attempt, forked from the template with
+    ``preload``)."""
+    run = run_job(launcher, nproc=nproc, worker_args=[0, 0, 0.0, 0.1], max_restarts=0,
+                  monitor_interval=0.1, imports=imports, preload=preload)
+    ready = run.worker_times("imported", 0)
+    if len(ready) < nproc:
+        raise RuntimeError(f"{launcher}: {len(ready)} of {nproc} workers got past the imports; "
+                           f"agent log tail:\n{run.extra.get('log_tail', '')}")
+    return max(ready) - run.t_launch
+
+
 def _agents_cpu_ns(pids: Sequence[int]) -> list[int | None]:
     out: list[int | None] = []
     for pid in pids:

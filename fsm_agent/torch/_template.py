@@ -40,6 +40,97 @@ _captured: tuple[bytes, bytes] = (b"", b"")  # what the imports wrote to stdout 
 _own_fds: frozenset[int] = frozenset()
 
 
+# -- the agent's side: how a template is launched (here so that ``fsm-agent run`` can launch one
+# before it imports torch: fsm_agent.torch's package imports torch) ------------------------------
+
+_CODE = ("import importlib.util as u, sys; s = u.spec_from_file_location('_fsm_agent_template', "
+         "sys.argv[1]); m = u.module_from_spec(s); sys.modules[s.name] = m; "
+         "s.loader.exec_module(m); m.main(sys.argv[2])")
+
+
+def launch(interpreter: str, flags: Sequence[str], modules: Sequence[str],
+           main: Sequence[str], env: dict[str, str] | None = None) -> tuple[Any, socket.socket]:
+    """Start a template process (``subprocess.Popen``) and return it with the agent's end of its
+    control socket; ``OSError`` if the interpreter cannot start."""
+    import subprocess
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    setup = {"modules": list(modules), "main": list(main), "flags": list(flags),
+             "fd": theirs.fileno()}
+    try:
+        proc = subprocess.Popen(
+            [interpreter, *flags, "-c", _CODE, os.path.abspath(__file__), json.dumps(setup)],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # the terminal's signals are for the agent, not for it
+        )
+    except OSError:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
+
+
+#: Variables the agent sets for itself and its workers' environments (which replace the
+#: template's), before the template would start: what the modules import with does not
+#: depend on them, so a template launched without them is the agent's own.
+AGENT_ONLY_ENV = ("FSM_AGENT_PROGRESS_DIR", "TORCHELASTIC_SIGNALS_TO_HANDLE")
+#: A template ``fsm-agent run`` launched at its start: ((interpreter, flags, modules, main),
+#: environment, process, socket, monotonic start time), until the agent takes it.
+_prestarted: tuple[tuple[Any, ...], dict[str, str], Any, socket.socket, float] | None = None
+
+
+def prestart(interpreter: str, flags: Sequence[str], modules: Sequence[str],
+             main: Sequence[str], env: dict[str, str]) -> None:
+    """Launch a template now, with environment ``env``, for :func:`take_prestarted` to hand to
+    the agent if the agent's own template would be this one; ended at exit otherwise."""
+    global _prestarted  # noqa: PLW0603 - one per process, taken once
+    import atexit
+    import time
+
+    try:
+        proc, sock = launch(interpreter, flags, modules, main, env)
+    except OSError:
+        return  # the agent's own attempt reports it
+    key = (interpreter, tuple(flags), tuple(modules), tuple(main))
+    _prestarted = (key, dict(env), proc, sock, time.monotonic())
+    atexit.register(_discard_prestarted)
+
+
+def take_prestarted(interpreter: str, flags: Sequence[str], modules: Sequence[str],
+                    main: Sequence[str]) -> tuple[Any, socket.socket, float] | None:
+    """The template :func:`prestart` launched (process, socket, start time) if it was launched
+    for this command, these modules and the environment the agent has now (what a template
+    launched now would import with); else ``None``, and that template is ended."""
+    global _prestarted
+    held, _prestarted = _prestarted, None
+    if held is None:
+        return None
+    key, env, proc, sock, started = held
+    now = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+    if key != (interpreter, tuple(flags), tuple(modules), tuple(main)) or env != now:
+        _end(proc, sock)
+        return None
+    return proc, sock, started
+
+
+def _discard_prestarted() -> None:
+    global _prestarted
+    held, _prestarted = _prestarted, None
+    if held is not None:
+        _end(held[2], held[3])
+
+
+def _end(proc: Any, sock: socket.socket) -> None:
+    sock.close()
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: its group id is still its own
+    proc.wait()
+
+
+# -- the template's side -------------------------------------------------------------------------
+
+
 class _Become(BaseException):
     """Raised in a freshly forked child to leave the template's loop and become a worker."""
 

@@ -93,6 +93,8 @@ def test_a_preloaded_torch_restart_is_a_cold_start_to_the_worker(jobs: Jobs) -> 
     assert warm.wait(120) == 1, warm.output[-3000:]
 
     assert "--preload torch: imported in" in warm.output  # the template served the workers
+    # launched by `fsm-agent run` before it imported torch (fsm_agent/cli/_prestart.py)
+    assert "importing since the agent started" in warm.output
     assert "--preload" not in cold.output
     cold_recs, warm_recs = _records(cold), _records(warm)
     assert sorted(cold_recs) == sorted(warm_recs) == [
@@ -331,3 +333,20 @@ def test_a_forked_workers_fast_exit_loses_no_redirected_or_teed_output(jobs: Job
     for line in ("python stdout text, still in its buffer", "atexit handler: stdout"):
         assert line in logs["stdout.log"] and line in tee
     assert "atexit handler: stderr" in logs["stderr.log"] and "atexit handler: stderr" in tee
+
+
+@pytest.mark.timeout(90)
+def test_a_template_launched_for_a_wrong_guess_of_the_script_is_ended(jobs: Jobs) -> None:
+    # `fsm-agent run` guesses the script without torch's parser, to launch the template before
+    # it imports torch: here the first existing .py file on the command line is an option's
+    # value. The early template is not the one the agent needs: the agent launches its own,
+    # and the early one is ended (the jobs fixture fails the test if it outlived the job; it
+    # carries the sentinel's token, and ends itself too when its control socket closes).
+    decoy = jobs.tmp_path / "decoy.py"
+    decoy.write_text("")
+    job = jobs.start(["--standalone", "--nproc-per-node", "2", *FAST, "--rdzv-id", str(decoy),
+                      "--preload", "json"], WORKER, env={"SCRIPT_MODE": "ok"})
+    assert job.wait(60) == 0, job.output[-3000:]
+    assert re.search(r"--preload json: template pid \d+ importing\n", job.output), job.output
+    assert "since the agent started" not in job.output
+    assert len(job.records("attempt0_rank*.json")) == 2

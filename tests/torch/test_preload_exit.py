@@ -75,6 +75,14 @@ def _both(template: Template, tmp_path: Path, **env: str) -> tuple[dict[str, obj
     return cold, warm
 
 
+def _same_as_cold(template: Template, tmp_path: Path, mode: str) -> dict[str, object]:
+    """The forked worker's run in ``mode``, once checked equal to the cold one and complete."""
+    cold, warm = _both(template, tmp_path, MODE=mode)
+    assert warm == cold
+    _assert_nothing_lost(warm)
+    return warm
+
+
 def _assert_nothing_lost(left: dict[str, object]) -> None:
     """What every run must have left, whatever its end."""
     stdout, side = str(left["stdout"]), str(left["side"])
@@ -89,55 +97,43 @@ def _assert_nothing_lost(left: dict[str, object]) -> None:
 @pytest.mark.parametrize("value", ["3", "0", "256", "-1"])
 def test_sys_exit_codes_are_the_interpreters(template: Template, tmp_path: Path,
                                               value: str) -> None:
-    cold, warm = _both(template, tmp_path, MODE=f"exit:{value}")
-    assert warm == cold
+    warm = _same_as_cold(template, tmp_path, f"exit:{value}")
     assert warm["code"] == int(value) & 0xFF
-    _assert_nothing_lost(warm)
 
 
 def test_sys_exit_with_a_message_prints_it_and_exits_1(template: Template,
                                                         tmp_path: Path) -> None:
-    cold, warm = _both(template, tmp_path, MODE="exit:giving up")
-    assert warm == cold
+    warm = _same_as_cold(template, tmp_path, "exit:giving up")
     assert warm["code"] == 1 and "giving up\n" in str(warm["stderr"])
-    _assert_nothing_lost(warm)
 
 
 def test_an_uncaught_exception_prints_the_traceback_and_exits_1(template: Template,
                                                                  tmp_path: Path) -> None:
-    cold, warm = _both(template, tmp_path, MODE="raise")
-    assert warm == cold
+    warm = _same_as_cold(template, tmp_path, "raise")
     assert warm["code"] == 1
     stderr = str(warm["stderr"])
     assert stderr.index("Traceback") < stderr.index("ValueError: uncaught failure") < stderr.index(
         "atexit handler: stderr")  # the report first, then the handlers, as the interpreter
-    _assert_nothing_lost(warm)
 
 
 def test_a_recorded_exception_writes_torchs_error_file(template: Template,
                                                        tmp_path: Path) -> None:
-    cold, warm = _both(template, tmp_path, MODE="record")
-    assert warm == cold
+    warm = _same_as_cold(template, tmp_path, "record")
     assert warm["code"] == 1
     error = json.loads(str(warm["error.json"]))
     assert error["message"]["message"] == "ValueError: recorded failure"
     assert "raise ValueError(\"recorded failure\")" in error["message"]["extraInfo"]["py_callstack"]
-    _assert_nothing_lost(warm)
 
 
 def test_an_uncaught_keyboard_interrupt_ends_by_sigint(template: Template,
                                                        tmp_path: Path) -> None:
-    cold, warm = _both(template, tmp_path, MODE="interrupt")
-    assert warm == cold
+    warm = _same_as_cold(template, tmp_path, "interrupt")
     assert warm["code"] == -2 and "KeyboardInterrupt" in str(warm["stderr"])
-    _assert_nothing_lost(warm)
 
 
 def test_the_end_of_the_script_exits_0(template: Template, tmp_path: Path) -> None:
-    cold, warm = _both(template, tmp_path, MODE="ok")
-    assert warm == cold
+    warm = _same_as_cold(template, tmp_path, "ok")
     assert warm["code"] == 0
-    _assert_nothing_lost(warm)
 
 
 def test_only_the_teardown_is_skipped_unless_the_worker_asks_for_it(template: Template,
