@@ -329,15 +329,19 @@ def startup(run: Run, nproc: int) -> float | None:
 
 
 def warm_restart(launcher: str, nproc: int, *, preload: bool, imports: str = "torch",
-                 restarts: int = 1, crash: str = "os_exit") -> dict[str, list[float]]:
+                 restarts: int = 1, crash: str = "os_exit",
+                 full_exit: bool = False) -> dict[str, list[float]]:
     """A fail-once job whose workers import ``imports``: from the crash to every restarted worker
     past its imports ("imported", the worker's own clock), one sample per restart; and from the
     launch to every first-attempt worker past them (``first``). ``crash``: how the crashing
-    worker ends (``BENCH_CRASH`` of ``bench/workers/crash_restart.py``)."""
+    worker ends (``BENCH_CRASH`` of ``bench/workers/crash_restart.py``); ``full_exit``: a
+    worker forked from the template ends with the interpreter's teardown
+    (``FSM_AGENT_PRELOAD_FULL_EXIT``), as before issue 22."""
     run = run_job(
         launcher, nproc=nproc, worker_args=[restarts, 0, 0.4, 0.3], max_restarts=restarts,
         monitor_interval=0.1, imports=imports, preload=preload,
-        extra_env={"BENCH_CRASH": crash},
+        extra_env={"BENCH_CRASH": crash, **({"FSM_AGENT_PRELOAD_FULL_EXIT": "1"} if full_exit
+                                            else {})},
     )
     out: dict[str, list[float]] = {"restart": [], "first": []}
     first = run.worker_times("imported", 0)

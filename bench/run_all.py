@@ -202,10 +202,13 @@ def bench_real_crashes(smoke: bool) -> dict[str, Any]:
     """The warm restart after a real crash, fsm-agent ``--preload torch`` against torchrun."""
     reps, restarts = (1, 1) if smoke else (2, 3)
     launchers = {"torchrun": ("torchrun", False), "fsm --preload": ("fsm", True)}
+    if not smoke:  # the forked worker's interpreter teardown kept: what the fast exit saves
+        launchers["fsm --preload, full exit"] = ("fsm", True)
     out: dict[str, Any] = {}
     for crash in REAL_CRASHES:
         runs = alternate(reps, list(launchers), lambda key, crash=crash: agents.warm_restart(
-            launchers[key][0], 2, preload=launchers[key][1], restarts=restarts, crash=crash))
+            launchers[key][0], 2, preload=launchers[key][1], restarts=restarts, crash=crash,
+            full_exit=key.endswith("full exit")))
         out[crash] = {key: [s for got in rs for s in got["restart"]] for key, rs in runs.items()}
         log(f"real crash {crash}: " + ", ".join(
             f"{k} {ms(med(v))}" for k, v in out[crash].items()))
@@ -496,7 +499,9 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
             add("The same job (fsm-agent `--preload torch` against torchrun) when the crash is a")
             add("real one, whose interpreter, with torch imported, tears down before the process")
             add("is gone (`BENCH_CRASH`): from the crash to the last restarted worker past")
-            add("`import torch`.")
+            add("`import torch`. `full exit`: the forked worker ends with the interpreter's")
+            add("teardown (`FSM_AGENT_PRELOAD_FULL_EXIT=1`), as every warm worker did before")
+            add("issue 22's fast exit.")
             add("")
             add("| crash | launcher | n | restart | min | max |")
             add("|---|---|---|---|---|---|")
@@ -505,6 +510,20 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
                     add(f"| {REAL_CRASHES.get(crash, crash)} | {key.replace('fsm', 'fsm-agent')} "
                         f"| {len(r)} | {ms(med(r))} | {ms(min(r) if r else None)} | "
                         f"{ms(max(r) if r else None)} |")
+            add("")
+        ps = warm.get("startup", {})
+        if ps:
+            add(f"Start-up of a 1 x {ps['nproc']} job whose workers import `torch` and finish:")
+            add("from the launch to the last worker past `import torch` (fsm-agent `--preload")
+            add("torch`: the first attempt forked from the template, which `fsm-agent run`")
+            add("launches before it imports torch itself).")
+            add("")
+            add("| launcher | n | start-up | min | max |")
+            add("|---|---|---|---|---|")
+            for key in ("torchrun", "fsm --preload"):
+                r = ps.get(key, [])
+                add(f"| {key.replace('fsm', 'fsm-agent')} | {len(r)} | {ms(med(r))} | "
+                    f"{ms(min(r) if r else None)} | {ms(max(r) if r else None)} |")
             add("")
     curves = results.get("curves")
     if curves:

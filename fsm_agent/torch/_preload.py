@@ -25,8 +25,11 @@ start of a worker that torch's ``SubprocessContext`` would ``Popen`` as ``python
   stdout/stderr first (a cold worker prints it when it imports);
 - its own exit: ``SystemExit`` codes, a traceback and exit code 1 for an uncaught exception (the
   template's frames left out), death by SIGINT for an uncaught ``KeyboardInterrupt``, death by a
-  signal; the template reaps it and sends the status, which the agent's ``PreloadedProcess``
-  reports as ``Popen.returncode`` does (negative for a signal). The agent watches each worker
+  signal; without the interpreter's teardown, but after its ``atexit`` handlers, thread joins
+  and flushes (``_fast_exit`` in ``_template.py``; ``FSM_AGENT_PRELOAD_FULL_EXIT=1`` in the
+  worker's environment for the whole teardown); the template reaps it and sends the status,
+  which the agent's ``PreloadedProcess`` reports as ``Popen.returncode`` does (negative for a
+  signal). The agent watches each worker
   through a pidfd the template opened at the fork, so a reused pid can never be signalled. If
   the template dies (the OOM killer, a stray ``pkill``), that is logged once and later workers
   start cold; the running ones keep their exit status, which each writes to a file of the

@@ -88,6 +88,8 @@ def prestart(interpreter: str, flags: Sequence[str], modules: Sequence[str],
     import atexit
     import time
 
+    if _prestarted is not None:
+        return  # launched already (bench/_probe.py launches it before fsm_agent.cli does)
     try:
         proc, sock = launch(interpreter, flags, modules, main, env)
     except OSError:
