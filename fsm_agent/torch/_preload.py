@@ -555,6 +555,8 @@ class WarmStartMixin:
             template = Template.for_command(self._fsm_preload, spec.entrypoint, spec.args)
             if template is not None:
                 template.start()
+        if template is None:  # one `fsm-agent run` launched early is of no use: end it now
+            template_module().discard_prestarted()
         self._fsm_template = template
         try:
             return super().run(*args, **kwargs)  # type: ignore[misc]

@@ -96,7 +96,7 @@ def prestart(interpreter: str, flags: Sequence[str], modules: Sequence[str],
         return  # the agent's own attempt reports it
     key = (interpreter, tuple(flags), tuple(modules), tuple(main))
     _prestarted = (key, dict(env), proc, sock, time.monotonic())
-    atexit.register(_discard_prestarted)
+    atexit.register(discard_prestarted)
 
 
 def take_prestarted(interpreter: str, flags: Sequence[str], modules: Sequence[str],
@@ -116,7 +116,8 @@ def take_prestarted(interpreter: str, flags: Sequence[str], modules: Sequence[st
     return proc, sock, started
 
 
-def _discard_prestarted() -> None:
+def discard_prestarted() -> None:
+    """End the template :func:`prestart` launched, if nobody took it."""
     global _prestarted
     held, _prestarted = _prestarted, None
     if held is not None:
