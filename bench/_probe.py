@@ -159,6 +159,11 @@ def main() -> int:
     if len(sys.argv) < 2 or sys.argv[1] not in ("torchrun", "fsm-agent"):
         print("usage: _probe.py torchrun|fsm-agent ARGS...", file=sys.stderr)
         return 2
+    if sys.argv[1:3] == ["fsm-agent", "run"]:
+        # what `fsm-agent run --preload` does before it imports torch, which install() does here
+        from fsm_agent.cli._prestart import prestart_template
+
+        prestart_template(sys.argv[3:])
     install()
     if os.environ.get("BENCH_STORE_REQS") == "1":
         _count_store_requests()

@@ -329,13 +329,19 @@ def startup(run: Run, nproc: int) -> float | None:
 
 
 def warm_restart(launcher: str, nproc: int, *, preload: bool, imports: str = "torch",
-                 restarts: int = 1) -> dict[str, list[float]]:
+                 restarts: int = 1, crash: str = "os_exit",
+                 full_exit: bool = False) -> dict[str, list[float]]:
     """A fail-once job whose workers import ``imports``: from the crash to every restarted worker
     past its imports ("imported", the worker's own clock), one sample per restart; and from the
-    launch to every first-attempt worker past them (``first``)."""
+    launch to every first-attempt worker past them (``first``). ``crash``: how the crashing
+    worker ends (``BENCH_CRASH`` of ``bench/workers/crash_restart.py``); ``full_exit``: a
+    worker forked from the template ends with the interpreter's teardown
+    (``FSM_AGENT_PRELOAD_FULL_EXIT``), as before issue 22."""
     run = run_job(
         launcher, nproc=nproc, worker_args=[restarts, 0, 0.4, 0.3], max_restarts=restarts,
         monitor_interval=0.1, imports=imports, preload=preload,
+        extra_env={"BENCH_CRASH": crash, **({"FSM_AGENT_PRELOAD_FULL_EXIT": "1"} if full_exit
+                                            else {})},
     )
     out: dict[str, list[float]] = {"restart": [], "first": []}
     first = run.worker_times("imported", 0)
@@ -350,6 +356,20 @@ def warm_restart(launcher: str, nproc: int, *, preload: bool, imports: str = "to
         raise RuntimeError(f"{launcher} warm-restart job had no complete restart; agent log "
                            f"tail:\n{run.extra.get('log_tail', '')}")
     return out
+
+
+def import_startup(launcher: str, nproc: int, *, preload: bool,
+                   imports: str = "torch") -> float:
+    """One job of ``nproc`` workers that import ``imports`` and finish: from the launch to the
+    last worker past its imports (the first attempt, forked from the template with
+    ``preload``)."""
+    run = run_job(launcher, nproc=nproc, worker_args=[0, 0, 0.0, 0.1], max_restarts=0,
+                  monitor_interval=0.1, imports=imports, preload=preload)
+    ready = run.worker_times("imported", 0)
+    if len(ready) < nproc:
+        raise RuntimeError(f"{launcher}: {len(ready)} of {nproc} workers got past the imports; "
+                           f"agent log tail:\n{run.extra.get('log_tail', '')}")
+    return max(ready) - run.t_launch
 
 
 def _agents_cpu_ns(pids: Sequence[int]) -> list[int | None]:

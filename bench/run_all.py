@@ -177,6 +177,41 @@ def bench_warm(smoke: bool) -> dict[str, Any]:
             for k in ("restart", "first"):
                 out[key][k] += got[k]
     log("warm restart: " + ", ".join(f"{k} {ms(med(out[k]['restart']))}" for k in configs))
+    out["crashes"] = bench_real_crashes(smoke)
+    out["startup"] = bench_preload_startup(smoke)
+    return out
+
+
+def bench_preload_startup(smoke: bool) -> dict[str, Any]:
+    """Issue 22: launch -> every worker of a 1 x 8 job past ``import torch``, fsm-agent
+    ``--preload torch`` (the first attempt forked from the template) against torchrun."""
+    nproc, reps = (4, 1) if smoke else (8, 3)
+    launchers = {"torchrun": ("torchrun", False), "fsm --preload": ("fsm", True)}
+    runs = alternate(reps, list(launchers), lambda key: agents.import_startup(
+        launchers[key][0], nproc, preload=launchers[key][1]))
+    log(f"preloaded start-up 1x{nproc}: " + ", ".join(f"{k} {ms(med(v))}" for k, v in runs.items()))
+    return {"nproc": nproc, **runs}
+
+
+#: Issue 22's real crashes (``BENCH_CRASH`` of ``bench/workers/crash_restart.py``): the crashing
+#: interpreter tears down before the process is gone, unlike the ``os._exit(1)`` above.
+REAL_CRASHES = {"sys_exit": "`sys.exit(1)`", "exception": "an uncaught exception"}
+
+
+def bench_real_crashes(smoke: bool) -> dict[str, Any]:
+    """The warm restart after a real crash, fsm-agent ``--preload torch`` against torchrun."""
+    reps, restarts = (1, 1) if smoke else (2, 3)
+    launchers = {"torchrun": ("torchrun", False), "fsm --preload": ("fsm", True)}
+    if not smoke:  # the forked worker's interpreter teardown kept: what the fast exit saves
+        launchers["fsm --preload, full exit"] = ("fsm", True)
+    out: dict[str, Any] = {}
+    for crash in REAL_CRASHES:
+        runs = alternate(reps, list(launchers), lambda key, crash=crash: agents.warm_restart(
+            launchers[key][0], 2, preload=launchers[key][1], restarts=restarts, crash=crash,
+            full_exit=key.endswith("full exit")))
+        out[crash] = {key: [s for got in rs for s in got["restart"]] for key, rs in runs.items()}
+        log(f"real crash {crash}: " + ", ".join(
+            f"{k} {ms(med(v))}" for k, v in out[crash].items()))
     return out
 
 
@@ -320,6 +355,18 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
         "restart", [])
     row(f"warm restart: crash -> restarted workers past `import torch`, fsm-agent `--preload "
         f"torch` (n={len(wf)}/{len(wt)})", med(wf), med(wt), ms, "<= 0.25x (#13)", 0.25)
+    for crash, how in REAL_CRASHES.items():
+        got = warm.get("crashes", {}).get(crash, {})
+        cf, ct = got.get("fsm --preload", []), got.get("torchrun", [])
+        row(f"real crash ({how}, torch imported), warm restart: crash -> restarted workers "
+            f"past `import torch`, fsm-agent `--preload torch` (n={len(cf)}/{len(ct)})",
+            med(cf), med(ct), ms, "<= 0.25x (#22)", 0.25)
+    ps = warm.get("startup", {})
+    pf, pt = ps.get("fsm --preload", []), ps.get("torchrun", [])
+    row(f"preloaded start-up, 1 x {ps.get('nproc', 8)} workers importing torch: launch -> every "
+        f"worker past "
+        f"`import torch`, fsm-agent `--preload torch` (n={len(pf)}/{len(pt)})",
+        med(pf), med(pt), ms, "<= 0.3x (#22)", 0.3)
     scale = results.get("scale", {})
     for label, pick in (("1 x 64", lambda v: v["nnodes"] == 1),
                         ("8 x 4", lambda v: v["nnodes"] > 1)):
@@ -447,6 +494,37 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
                     f"{ms(min(r) if r else None)} | {ms(max(r) if r else None)} | "
                     f"{ms(med(warm[key]['first']))} |")
         add("")
+        crashes = warm.get("crashes", {})
+        if crashes:
+            add("The same job (fsm-agent `--preload torch` against torchrun) when the crash is a")
+            add("real one, whose interpreter, with torch imported, tears down before the process")
+            add("is gone (`BENCH_CRASH`): from the crash to the last restarted worker past")
+            add("`import torch`. `full exit`: the forked worker ends with the interpreter's")
+            add("teardown (`FSM_AGENT_PRELOAD_FULL_EXIT=1`), as every warm worker did before")
+            add("issue 22's fast exit.")
+            add("")
+            add("| crash | launcher | n | restart | min | max |")
+            add("|---|---|---|---|---|---|")
+            for crash, by in crashes.items():
+                for key, r in by.items():
+                    add(f"| {REAL_CRASHES.get(crash, crash)} | {key.replace('fsm', 'fsm-agent')} "
+                        f"| {len(r)} | {ms(med(r))} | {ms(min(r) if r else None)} | "
+                        f"{ms(max(r) if r else None)} |")
+            add("")
+        ps = warm.get("startup", {})
+        if ps:
+            add(f"Start-up of a 1 x {ps['nproc']} job whose workers import `torch` and finish:")
+            add("from the launch to the last worker past `import torch` (fsm-agent `--preload")
+            add("torch`: the first attempt forked from the template, which `fsm-agent run`")
+            add("launches before it imports torch itself).")
+            add("")
+            add("| launcher | n | start-up | min | max |")
+            add("|---|---|---|---|---|")
+            for key in ("torchrun", "fsm --preload"):
+                r = ps.get(key, [])
+                add(f"| {key.replace('fsm', 'fsm-agent')} | {len(r)} | {ms(med(r))} | "
+                    f"{ms(min(r) if r else None)} | {ms(max(r) if r else None)} |")
+            add("")
     curves = results.get("curves")
     if curves:
         render_curves(curves, add)

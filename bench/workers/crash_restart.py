@@ -10,6 +10,11 @@ The "generation" of a worker is the number of crashes recorded before it started
 TORCHELASTIC_RESTART_COUNT it is the same on every agent (an agent restarted for a membership
 change keeps its restart count).
 
+How the crashing rank ends: ``BENCH_CRASH`` = ``os_exit`` (the default: ``os._exit(1)``, no
+interpreter teardown), ``sys_exit`` (``sys.exit(1)``) or ``exception`` (an uncaught
+``RuntimeError``): the last two are real crashes, whose interpreter tears down (with torch
+imported, hundreds of milliseconds) before the process is gone.
+
 argv: crash_attempts crash_rank crash_after_s finish_after_s [stagger_s]
   generations < crash_attempts: rank crash_rank exits 1 after crash_after_s (plus jitter); the
   other ranks sleep until the agent stops them (at most 90 s, so that a benchmark killed half-way
@@ -70,7 +75,12 @@ if gen < crash_attempts:
         # jitter so that the crash falls anywhere within the agent's monitor tick
         jitter = (os.getpid() * 7919 % 1000) / 1000 * 0.25
         time.sleep(crash_after + jitter)
+        how = os.environ.get("BENCH_CRASH", "os_exit")
         record("crash", gen, time.monotonic())
+        if how == "sys_exit":
+            sys.exit(1)
+        if how == "exception":
+            raise RuntimeError(f"bench crash of rank {rank} in generation {gen}")
         os._exit(1)
     time.sleep(90)
     sys.exit(3)

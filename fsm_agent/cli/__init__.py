@@ -56,6 +56,10 @@ def _dispatch(args: list[str]) -> int:
     if name not in COMMANDS:
         print(f"fsm-agent: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return USAGE
+    if name == "run":
+        from ._prestart import prestart_template
+
+        prestart_template(rest)  # --preload: the template imports while this imports torch
     module = importlib.import_module(f"{__name__}.{name}")
     return int(module.main(rest) or 0)
 

@@ -25,8 +25,11 @@ start of a worker that torch's ``SubprocessContext`` would ``Popen`` as ``python
   stdout/stderr first (a cold worker prints it when it imports);
 - its own exit: ``SystemExit`` codes, a traceback and exit code 1 for an uncaught exception (the
   template's frames left out), death by SIGINT for an uncaught ``KeyboardInterrupt``, death by a
-  signal; the template reaps it and sends the status, which the agent's ``PreloadedProcess``
-  reports as ``Popen.returncode`` does (negative for a signal). The agent watches each worker
+  signal; without the interpreter's teardown, but after its ``atexit`` handlers, thread joins
+  and flushes (``_fast_exit`` in ``_template.py``; ``FSM_AGENT_PRELOAD_FULL_EXIT=1`` in the
+  worker's environment for the whole teardown); the template reaps it and sends the status,
+  which the agent's ``PreloadedProcess`` reports as ``Popen.returncode`` does (negative for a
+  signal). The agent watches each worker
   through a pidfd the template opened at the fork, so a reused pid can never be signalled. If
   the template dies (the OOM killer, a stray ``pkill``), that is logged once and later workers
   start cold; the running ones keep their exit status, which each writes to a file of the
@@ -76,6 +79,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+# The template runs _template.py loaded from its file under a private name, and so does the
+# agent (fsm_agent._templatefile says why).
+from fsm_agent._templatefile import load as template_module
 from fsm_agent.torch._compat import enabled
 
 __all__ = ["PreloadedProcess", "Template", "WarmStartMixin", "check_module_names", "serving"]
@@ -91,12 +97,6 @@ IMPORT_TIMEOUT = 300.0
 STATUS_TIMEOUT = 10.0
 _MAX_MESSAGE = 1 << 20
 _DEVICES = ("/dev/nvidia", "/dev/dri", "/dev/kfd", "/dev/accel")
-# The template runs _template.py loaded from its file under a private name: importing it as
-# fsm_agent.torch._template would import the package (and torch) into every worker.
-_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_template.py")
-_CODE = ("import importlib.util as u, sys; s = u.spec_from_file_location('_fsm_agent_template', "
-         "sys.argv[1]); m = u.module_from_spec(s); sys.modules[s.name] = m; "
-         "s.loader.exec_module(m); m.main(sys.argv[2])")
 
 
 def check_module_names(names: Sequence[str]) -> list[str]:
@@ -175,25 +175,23 @@ class Template:
         return cls(modules, str(entrypoint), flags, main)
 
     def start(self) -> None:
-        """Launch the template; it imports the modules while the agent goes on."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        setup = {"modules": list(self.modules), "main": list(self.main), "flags": list(self.flags),
-                 "fd": theirs.fileno()}
+        """Launch the template; it imports the modules while the agent goes on. A template
+        ``fsm-agent run`` launched for this command before it imported torch is taken over."""
+        tm = template_module()
+        taken = tm.take_prestarted(self.interpreter, self.flags, self.modules, self.main)
+        if taken is not None:
+            self.proc, self._sock, self._started = taken
+            logger.info("--preload %s: template pid %s importing since the agent started",
+                        ",".join(self.modules), self.proc.pid)  # type: ignore[union-attr]
+            return
         try:
-            self.proc = subprocess.Popen(
-                [self.interpreter, *self.flags, "-c", _CODE, _TEMPLATE, json.dumps(setup)],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
-                start_new_session=True,  # the terminal's signals are for the agent, not for it
-            )
+            self.proc, self._sock = tm.launch(self.interpreter, self.flags, self.modules,
+                                              self.main)
         except OSError as e:
-            ours.close()
             self._fail(f"cannot start {self.interpreter}: {e.strerror or e}")
             return
-        finally:
-            theirs.close()
-        self._sock = ours
         logger.info("--preload %s: template pid %s importing", ",".join(self.modules),
-                    self.proc.pid)
+                    self.proc.pid)  # type: ignore[union-attr]
 
     def _fail(self, why: str) -> None:
         if self.failed is None:
@@ -557,6 +555,8 @@ class WarmStartMixin:
             template = Template.for_command(self._fsm_preload, spec.entrypoint, spec.args)
             if template is not None:
                 template.start()
+        if template is None:  # one `fsm-agent run` launched early is of no use: end it now
+            template_module().discard_prestarted()
         self._fsm_template = template
         try:
             return super().run(*args, **kwargs)  # type: ignore[misc]

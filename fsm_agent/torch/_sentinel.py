@@ -29,8 +29,9 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from typing import Any
+
+from fsm_agent._templatefile import take_sentinel_token
 
 __all__ = ["TOKEN_VAR", "Sentinel", "SentinelMixin"]
 
@@ -80,7 +81,8 @@ class Sentinel:
     """The sentinel process of one agent run (module docstring)."""
 
     def __init__(self) -> None:
-        self.token = uuid.uuid4().hex
+        # reserved when `fsm-agent run --preload` launched its template before the agent
+        self.token = take_sentinel_token()
         self.proc: subprocess.Popen[bytes] | None = None
         self._write: int | None = None
 

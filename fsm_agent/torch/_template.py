@@ -34,9 +34,104 @@ from typing import Any
 _MAX_MESSAGE = 1 << 20
 _DEVICES = ("/dev/nvidia", "/dev/dri", "/dev/kfd", "/dev/accel")
 
+_worker_pid = 0  # the worker this process became (its own children must not report)
 _captured: tuple[bytes, bytes] = (b"", b"")  # what the imports wrote to stdout and stderr
 # descriptors the imported modules opened: a worker keeps them
 _own_fds: frozenset[int] = frozenset()
+
+
+# -- the agent's side: how a template is launched (here so that ``fsm-agent run`` can launch one
+# before it imports torch: fsm_agent.torch's package imports torch) ------------------------------
+
+_CODE = ("import importlib.util as u, sys; s = u.spec_from_file_location('_fsm_agent_template', "
+         "sys.argv[1]); m = u.module_from_spec(s); sys.modules[s.name] = m; "
+         "s.loader.exec_module(m); m.main(sys.argv[2])")
+
+
+def launch(interpreter: str, flags: Sequence[str], modules: Sequence[str],
+           main: Sequence[str], env: dict[str, str] | None = None) -> tuple[Any, socket.socket]:
+    """Start a template process (``subprocess.Popen``) and return it with the agent's end of its
+    control socket; ``OSError`` if the interpreter cannot start."""
+    import subprocess
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    setup = {"modules": list(modules), "main": list(main), "flags": list(flags),
+             "fd": theirs.fileno()}
+    try:
+        proc = subprocess.Popen(
+            [interpreter, *flags, "-c", _CODE, os.path.abspath(__file__), json.dumps(setup)],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,  # the terminal's signals are for the agent, not for it
+        )
+    except OSError:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return proc, ours
+
+
+#: Variables the agent sets for itself and its workers' environments (which replace the
+#: template's), before the template would start: what the modules import with does not
+#: depend on them, so a template launched without them is the agent's own.
+AGENT_ONLY_ENV = ("FSM_AGENT_PROGRESS_DIR", "TORCHELASTIC_SIGNALS_TO_HANDLE")
+#: A template ``fsm-agent run`` launched at its start: ((interpreter, flags, modules, main),
+#: environment, process, socket, monotonic start time), until the agent takes it.
+_prestarted: tuple[tuple[Any, ...], dict[str, str], Any, socket.socket, float] | None = None
+
+
+def prestart(interpreter: str, flags: Sequence[str], modules: Sequence[str],
+             main: Sequence[str], env: dict[str, str]) -> None:
+    """Launch a template now, with environment ``env``, for :func:`take_prestarted` to hand to
+    the agent if the agent's own template would be this one; ended at exit otherwise."""
+    global _prestarted  # noqa: PLW0603 - one per process, taken once
+    import atexit
+    import time
+
+    if _prestarted is not None:
+        return  # launched already (bench/_probe.py launches it before fsm_agent.cli does)
+    try:
+        proc, sock = launch(interpreter, flags, modules, main, env)
+    except OSError:
+        return  # the agent's own attempt reports it
+    key = (interpreter, tuple(flags), tuple(modules), tuple(main))
+    _prestarted = (key, dict(env), proc, sock, time.monotonic())
+    atexit.register(discard_prestarted)
+
+
+def take_prestarted(interpreter: str, flags: Sequence[str], modules: Sequence[str],
+                    main: Sequence[str]) -> tuple[Any, socket.socket, float] | None:
+    """The template :func:`prestart` launched (process, socket, start time) if it was launched
+    for this command, these modules and the environment the agent has now (what a template
+    launched now would import with); else ``None``, and that template is ended."""
+    global _prestarted
+    held, _prestarted = _prestarted, None
+    if held is None:
+        return None
+    key, env, proc, sock, started = held
+    now = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+    if key != (interpreter, tuple(flags), tuple(modules), tuple(main)) or env != now:
+        _end(proc, sock)
+        return None
+    return proc, sock, started
+
+
+def discard_prestarted() -> None:
+    """End the template :func:`prestart` launched, if nobody took it."""
+    global _prestarted
+    held, _prestarted = _prestarted, None
+    if held is not None:
+        _end(held[2], held[3])
+
+
+def _end(proc: Any, sock: socket.socket) -> None:
+    sock.close()
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: its group id is still its own
+    proc.wait()
+
+
+# -- the template's side -------------------------------------------------------------------------
 
 
 class _Become(BaseException):
@@ -62,19 +157,141 @@ def main(setup_json: str) -> None:
         sys.exit(0)
     status_path = str(request.get("status_path", ""))
     # Outside the handler: the worker's own exceptions must not carry _Become as their context.
+    ended: BaseException | None = None
     try:
         _become_worker(request, fds, setup["main"], sock)
-    except SystemExit as e:
-        _report(status_path, _exit_code(e.code))
-        raise
-    except KeyboardInterrupt:
-        _report(status_path, -signal.SIGINT)  # the interpreter kills itself with SIGINT
-        raise
-    except BaseException:
-        _report(status_path, 1)  # the traceback, then exit code 1
-        raise
-    # The worker's __main__ ran to its end: the interpreter exits as for a script.
-    _report(status_path, 0)
+    except BaseException as e:  # every way out of __main__, as the interpreter sees them
+        ended = e
+    if os.environ.get(FULL_EXIT_VAR, "") not in ("", "0"):
+        # the interpreter's own way out, teardown included: of the template's objects too,
+        # which the collector skips while they are frozen
+        import gc
+
+        gc.unfreeze()
+        _report(status_path, _code_of(ended))
+        if ended is not None:
+            raise ended
+        return
+    _fast_exit(status_path, ended)
+
+
+#: Set (not ``0``) in a worker's environment, this makes a forked worker end as the interpreter
+#: does, teardown included (C++ static destructors, objects' finalizers), instead of
+#: :func:`_fast_exit`.
+FULL_EXIT_VAR = "FSM_AGENT_PRELOAD_FULL_EXIT"
+# what the interpreter exits with when flushing stdout or stderr fails at the end (Py_RunMain)
+_FLUSH_FAILED = 120
+
+
+def _code_of(ended: BaseException | None) -> int:
+    """The exit code (negative: the signal) the interpreter ends with after ``ended``."""
+    if ended is None:
+        return 0
+    if isinstance(ended, SystemExit):
+        return _exit_code(ended.code)
+    if isinstance(ended, KeyboardInterrupt):
+        return -signal.SIGINT  # the interpreter kills itself with SIGINT
+    return 1  # the traceback, then exit code 1
+
+
+def _fast_exit(status_path: str, ended: BaseException | None) -> None:
+    """End the worker as ``Py_RunMain`` does after ``__main__`` (with ``ended``, what left it),
+    without the interpreter's teardown: with torch imported that teardown (every module's
+    objects released, in a process whose memory is the template's copy-on-write pages) takes
+    0.3-0.8 s, during which the agent cannot restart the group.
+
+    Kept, in the interpreter's order: the flush of ``sys.stdout`` and ``sys.stderr`` as
+    ``__main__`` ends; when an exception ended it, the flush of C's stdio and the exception's
+    report (``SystemExit``'s message, the traceback through ``sys.excepthook``); the join of
+    non-daemon threads and ``threading._register_atexit`` callbacks; the ``atexit`` handlers
+    (``logging.shutdown``, ``weakref.finalize``, multiprocessing's); the flush of the standard
+    streams again (exit code 120 if that fails, as the interpreter) and, beyond what a teardown
+    is sure to do, of every other file object the worker opened; then C's stdio (``exit()``
+    flushes it, ``os._exit`` would not). Not kept: objects' ``__del__`` at teardown and C/C++
+    exit handlers (static destructors), hence :data:`FULL_EXIT_VAR`.
+    """
+    code = _code_of(ended)
+    _flush_standard_streams()
+    if ended is not None:
+        _flush_c_stdio()
+        if not isinstance(ended, SystemExit):
+            _print_uncaught(ended)
+        elif ended.code is not None and not isinstance(ended.code, int):
+            with contextlib.suppress(Exception):
+                print(ended.code, file=sys.stderr)
+    del ended  # its traceback holds the worker's frames
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        with contextlib.suppress(Exception):
+            threading._shutdown()  # type: ignore[attr-defined]
+    import atexit
+
+    atexit._run_exitfuncs()
+    if not _flush_files() and code >= 0:
+        code = _FLUSH_FAILED
+    _flush_c_stdio()
+    if os.getpid() == _worker_pid:  # not a process the worker forked that left __main__ too
+        _report(status_path, code)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+    os._exit(code & 0xFF if code >= 0 else 128 - code)
+
+
+def _print_uncaught(error: BaseException) -> None:
+    """What ``PyErr_Print`` does with an exception that left ``__main__``."""
+    sys.last_type, sys.last_value, sys.last_traceback = (
+        type(error), error, error.__traceback__)
+    hook = getattr(sys, "excepthook", None)
+    try:
+        if hook is None:
+            raise RuntimeError("lost sys.excepthook")
+        hook(type(error), error, error.__traceback__)
+    except BaseException as hook_error:  # the interpreter reports both
+        with contextlib.suppress(Exception):
+            print("Error in sys.excepthook:", file=sys.stderr)
+            sys.__excepthook__(type(hook_error), hook_error, hook_error.__traceback__)
+            print("\nOriginal exception was:", file=sys.stderr)
+            sys.__excepthook__(type(error), error, error.__traceback__)
+
+
+def _flush_standard_streams() -> bool:
+    """Flush ``sys.stdout`` and ``sys.stderr``; whether both flushed."""
+    ok = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and not stream.closed:
+                stream.flush()
+        except Exception:
+            ok = False
+    return ok
+
+
+def _flush_files() -> bool:
+    """Flush the standard streams and the worker's other open files; whether the standard
+    streams flushed (the interpreter's exit code depends on it)."""
+    import gc
+    import io
+
+    ok = _flush_standard_streams()
+    # The template froze its own objects (gc.freeze), so this lists only the worker's: a few
+    # thousand, not torch's 165,000. Text layers first, then the buffers under them.
+    kinds = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
+    files = [o for o in gc.get_objects() if isinstance(o, kinds)]
+    files.sort(key=lambda f: not isinstance(f, io.TextIOWrapper))
+    for f in [*files, sys.__stdout__, sys.__stderr__]:
+        with contextlib.suppress(Exception):
+            if f is not None and not f.closed:
+                f.flush()
+    return ok
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
 
 
 def _exit_code(code: object) -> int:
@@ -189,6 +406,12 @@ def _serve(sock: socket.socket, setup: dict[str, Any]) -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    # What the imports made moves out of the collector's generations: a worker's collections
+    # then neither walk nor touch (copy on write) them, and _fast_exit lists only its own. No
+    # gc.collect() first: 0.15 s with torch, on the way to the first workers.
+    import gc
+
+    gc.freeze()
     _send(sock, {"op": "ready"})
     while True:
         ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
@@ -246,6 +469,8 @@ def _become_worker(request: dict[str, Any], fds: list[int], main: list[str],
                    sock: socket.socket) -> None:
     """In the forked child: undo the template, take the worker's descriptors, environment and
     command line, and run its ``__main__``, as ``Popen`` and ``python [-u] SCRIPT`` would."""
+    global _worker_pid  # noqa: PLW0603 - read by _fast_exit
+    _worker_pid = os.getpid()
     os.setsid()  # Popen(start_new_session=True)
     signal.set_wakeup_fd(-1)
     for sig, handler in _worker_signals.items():

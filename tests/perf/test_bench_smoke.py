@@ -76,6 +76,12 @@ def test_smoke_runs_both_launchers_reports_every_target_and_leaves_docs_alone(
         (row,) = [r for r in rows if r[0].startswith(target)]
         assert re.fullmatch(r"\d+\.\d\d", row[3]), row
         assert row[5] in ("met", "**not met**"), row
+    # issue 22's: real crashes and the preloaded start-up, measured with the warm restart
+    for target in ("real crash (`sys.exit(1)`", "real crash (an uncaught exception",
+                   "preloaded start-up, 1 x 4 workers importing torch"):
+        (row,) = [r for r in rows if r[0].startswith(target)]
+        assert row[4].endswith("(#22)") and re.fullmatch(r"\d+\.\d\d", row[3]), row
+        assert row[5] in ("met", "**not met**"), row
     # not measured in this session: the row says so instead of vanishing
     (startup_row,) = [r for r in rows if r[0].startswith("start-up, 1 x")]
     assert startup_row[1:4] == ["n/a"] * 3 and startup_row[5] == "n/a"

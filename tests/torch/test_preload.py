@@ -24,6 +24,7 @@ from fsm_torch_helpers import FAST, Job, Jobs, summary
 
 SCRIPTS = Path(__file__).parent / "scripts"
 WORKER = SCRIPTS / "preload_worker.py"
+EXIT_WORKER = SCRIPTS / "exit_worker.py"
 # Different for every job by nature (ports, ids, times, pids, the job's own directory).
 VOLATILE_ENV = ("TORCHELASTIC_RUN_ID", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
                 "FSM_AGENT_SENTINEL", "FSM_AGENT_WORKER", "FSM_AGENT_PROGRESS_DIR")
@@ -92,6 +93,8 @@ def test_a_preloaded_torch_restart_is_a_cold_start_to_the_worker(jobs: Jobs) -> 
     assert warm.wait(120) == 1, warm.output[-3000:]
 
     assert "--preload torch: imported in" in warm.output  # the template served the workers
+    # launched by `fsm-agent run` before it imported torch (fsm_agent/cli/_prestart.py)
+    assert "importing since the agent started" in warm.output
     assert "--preload" not in cold.output
     cold_recs, warm_recs = _records(cold), _records(warm)
     assert sorted(cold_recs) == sorted(warm_recs) == [
@@ -302,3 +305,48 @@ def test_a_module_that_hangs_at_import_is_given_up_and_what_it_started_ends(
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{pid}")  # the module's child went with it
+
+
+@pytest.mark.timeout(180)
+def test_a_forked_workers_fast_exit_loses_no_redirected_or_teed_output(jobs: Jobs) -> None:
+    # tests/torch/test_preload_exit.py checks the fast exit against a cold one without an
+    # agent; here the output goes through torch's redirect files and the agent's --tee.
+    def job(name: str, *extra: str) -> tuple[int, dict[str, str], list[str]]:
+        workdir = jobs.tmp_path / name
+        args = ["--standalone", "--nproc-per-node", "1", "--max-restarts", "0", "--spec",
+                "torchrun", *FAST, "--redirects", "3", "--tee", "3", "--log-dir",
+                str(workdir / "logs"), *extra]
+        run = jobs.start(args, EXIT_WORKER, name=name,
+                         env={"MODE": "exit:3", "SIDE_FILE": str(workdir / "s")})
+        code = run.wait(120)
+        logs = {p.name: p.read_text() for p in sorted((workdir / "logs").rglob("std*.log"))}
+        tee = [line.split("]:", 1)[1] for line in run.output.splitlines()
+               if line.startswith("[default0]:")]
+        return code, logs, sorted(tee)
+
+    cold = job("cold")
+    warm = job("warm", "--preload", "torch")
+    assert warm == cold
+    code, logs, tee = warm
+    assert code == 1
+    assert "C stdio text without a newline" in logs["stdout.log"]
+    for line in ("python stdout text, still in its buffer", "atexit handler: stdout"):
+        assert line in logs["stdout.log"] and line in tee
+    assert "atexit handler: stderr" in logs["stderr.log"] and "atexit handler: stderr" in tee
+
+
+@pytest.mark.timeout(90)
+def test_a_template_launched_for_a_wrong_guess_of_the_script_is_ended(jobs: Jobs) -> None:
+    # `fsm-agent run` guesses the script without torch's parser, to launch the template before
+    # it imports torch: here the first existing .py file on the command line is an option's
+    # value. The early template is not the one the agent needs: the agent launches its own,
+    # and the early one is ended (the jobs fixture fails the test if it outlived the job; it
+    # carries the sentinel's token, and ends itself too when its control socket closes).
+    decoy = jobs.tmp_path / "decoy.py"
+    decoy.write_text("")
+    job = jobs.start(["--standalone", "--nproc-per-node", "2", *FAST, "--rdzv-id", str(decoy),
+                      "--preload", "json"], WORKER, env={"SCRIPT_MODE": "ok"})
+    assert job.wait(60) == 0, job.output[-3000:]
+    assert re.search(r"--preload json: template pid \d+ importing\n", job.output), job.output
+    assert "since the agent started" not in job.output
+    assert len(job.records("attempt0_rank*.json")) == 2
