@@ -325,20 +325,20 @@ GUARD_KINDS: dict[str, Kind] = {
     "disk_free": Kind(_disk_free_kind, {"paths": "str_list", "min_free": "str",
                                         "timeout": "duration"},
                       None, {"timeout": 10.0},
-                      description="at least `min_free` (10GB, 500MiB) free on every path"),
+                      description="every path has `min_free` free (no paths: true)"),
     "store_reachable": Kind(_store_kind, {"timeout": "duration", "endpoint": "str"}, "timeout",
                             {"endpoint": ""},
-                            description="the rendezvous store (or `endpoint`, a parameter the "
-                            "user sets) answers within `timeout`",
+                            description="the rendezvous store (or `HOST:PORT`) answers a "
+                            "request in time",
                             user_only={"endpoint"}),
     "command_succeeds": Kind(_command_kind, {"command": "str", "timeout": "duration"},
                              "command", {"timeout": 60.0},
-                             description="the command (a parameter the user sets; empty "
-                             "passes) exits 0 within `timeout`",
+                             description="the command exits 0 in time (an empty command: true)",
                              user_only={"command"}),
     "clean_slate": Kind(_slate_kind, {"timeout": "duration"}, "timeout", {},
-                        description="no process of an earlier attempt is left running (those "
-                        "left are SIGKILLed, then waited for up to `timeout`)"),
+                        description="no process of the node's earlier attempts is left: those the "
+                        "driver finds are SIGKILLed and gone within `timeout` (a driver that "
+                        "does not track its workers' processes: true)"),
 }
 
 #: ``leave_job``: the terminal action of a node that failed its health checks.

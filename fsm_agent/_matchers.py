@@ -192,30 +192,37 @@ def _at_least(*keys: str, at_most: tuple[str, ...] = ()) -> Callable[
 GUARD_KINDS: dict[str, Kind] = {
     "exit_code_in": Kind(_exit_code_in, {"codes": "int_list", "ranks": "str"}, "codes",
                          {"ranks": "all"}, _RANKS_ARG, implies=_listed("codes"),
-                         description="every (any) failed rank exited with one of the codes"),
+                         description="there is a failure and every (any) failed rank "
+                         "exited with one of the codes"),
     "exit_code_not_in": Kind(_exit_code_not_in, {"codes": "int_list", "ranks": "str"}, "codes",
                              {"ranks": "all"}, _RANKS_ARG,
-                             description="every (any) failed rank exited with a code not listed"),
+                             description="there is a failure and every (any) failed "
+                             "rank exited with a code not listed"),
     "signal_in": Kind(_signal_in, {"signals": "str_list", "ranks": "str"}, "signals",
                       {"ranks": "all"}, _RANKS_ARG, implies=_listed("signals"),
                       description="every (any) failed rank was killed by one of the signals"),
     "error_type_in": Kind(_error_type_in, {"types": "str_list", "ranks": "str"}, "types",
                           {"ranks": "all"}, _RANKS_ARG, implies=_listed("types"),
-                          description="the exception type in the error file is listed"),
+                          description="the exception type recorded in the error file "
+                          "(`\"ValueError: ...\"`) is listed (a name matches its last "
+                          "dotted part)"),
     "failed_ranks_at_least": Kind(_failed_ranks_at_least, {"count": "int"}, "count",
                                   implies=_at_least("count"),
                                   description="at least this many ranks failed"),
     "attempt_shorter_than": Kind(_attempt_shorter_than, {"duration": "duration"}, "duration",
                                  implies=_at_least(at_most=("duration",)),
-                                 description="the attempt ended sooner than this (start-up crash)"),
+                                 description="the attempt (time since the workers were last "
+                                 "started) is shorter: a crash at start-up"),
     "restarts_in_window_at_least": Kind(
         _restarts_in_window_at_least, {"count": "int", "window": "duration"},
         implies=_at_least("count", at_most=("window",)),
-        description="at least `count` failure restarts in the last `window` (MaxR in MaxT)"),
+        description="at least `count` failure restarts happened in the last `window` (MaxR "
+        "in MaxT)"),
     "consecutive_failures_at_least": Kind(
         _consecutive_failures_at_least, {"count": "int", "min_uptime": "duration"},
         implies=_at_least("count", at_most=("min_uptime",)),
-        description="the last `count` attempts each failed within `min_uptime` of starting"),
+        description="the last `count` attempts (this one included) each failed within "
+        "`min_uptime` of starting"),
     "all_of": Kind(_all_of, {"guards": "guard_list"}, "guards",
                    description="every listed guard holds"),
     "any_of": Kind(_any_of, {"guards": "guard_list"}, "guards",

@@ -38,3 +38,19 @@ def test_every_documented_field_is_one_a_guard_can_read() -> None:
     assert not unknown, f"{DOC.name} documents ctx fields Context does not have: {unknown}"
     internal = sorted(documented & INTERNAL)
     assert not internal, f"{DOC.name} documents internal fields: {internal}"
+
+
+def test_every_built_in_kind_is_documented_with_its_own_description() -> None:
+    import re
+
+    from fsm_agent import Vocabulary
+
+    vocab = Vocabulary.builtin()
+    text = DOC.read_text()
+    rows = {m.group(1): m.group(2) for m in re.finditer(
+        r"^\| `(\w+)` \| .* \| (.*) \|$", text, re.M) if m.group(1) in vocab.guard_kinds}
+    assert sorted(set(vocab.guard_kinds) - set(rows)) == [], "guard kinds without a row"
+    differ = {name: (rows[name], kind.description) for name, kind in vocab.guard_kinds.items()
+              if rows.get(name) != kind.description}
+    assert differ == {}, "the docs' 'true when' must be the kind's description"
+    assert [n for n in vocab.action_kinds if f"`{n}`" not in text] == [], "undocumented actions"
