@@ -30,6 +30,7 @@ from .._summary import RunRecorder, format_text
 from .._trace import TraceWriter
 from ..torch._job import JobFailed
 from ..torch._launch import launch
+from ..torch._options import AgentOptions
 from ._common import (
     FAILED,
     OK,
@@ -241,6 +242,31 @@ def _trace_listener(
         raise UsageError(f"--trace {path}: {e.strerror or e}") from e
 
 
+def own_flags_table() -> str:
+    """The Markdown table of the flags ``fsm-agent run`` adds to torchrun's, from its parser:
+    docs/cli.md shows it (``tests/cli/test_cli_help.py`` keeps the two equal)."""
+    parser = build_parser()
+    group = next(g for g in parser._action_groups if g.title == "fsm-agent")
+    rows = ["| flag | what it does |", "|---|---|"]
+    for action in group._group_actions:
+        flag = action.option_strings[0] + (f" {action.metavar}" if action.metavar else "")
+        text = " ".join((action.help or "").split())
+        rows.append(f"| `{_cell(flag)}` | {_cell(text)} |")
+    return "\n".join(rows)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a table cell's pipe, even inside backticks
+
+
+def _agent_options(args: argparse.Namespace, spec: Any, params: dict[str, Any] | None,
+                   listeners: Sequence[Any]) -> AgentOptions:
+    """The agent's options from the run's flags (the one place a new flag's value is read)."""
+    return AgentOptions(lifecycle_spec=spec, lifecycle_params=params, listeners=listeners,
+                        exit_barrier_timeout=args.exit_barrier_timeout,
+                        isolate_worker_store=args.isolate_worker_store, preload=args.preload)
+
+
 def _failure_exit_code(ref: _AgentRef) -> int:
     """1 as torchrun, or the code the spec asked for on giving up (``set_exit_code``: the
     ``resilient`` preset's ``no_requeue_exit_code``, which tells a scheduler not to requeue)."""
@@ -379,18 +405,9 @@ def main(argv: Sequence[str]) -> int:
         listeners.append(recorder)
 
         def _launch() -> None:
-            launch(
-                config,
-                cmd,
-                cmd_args,
-                lifecycle_spec=lifecycle_spec,
-                exit_barrier_timeout=args.exit_barrier_timeout,
-                listeners=listeners,
-                on_agent=lambda agent: setattr(ref, "agent", agent),
-                lifecycle_params=params,
-                isolate_worker_store=args.isolate_worker_store,
-                preload=args.preload,
-            )
+            launch(config, cmd, cmd_args,
+                   options=_agent_options(args, lifecycle_spec, params, listeners),
+                   on_agent=lambda agent: setattr(ref, "agent", agent))
 
         # torchrun's main is @record: the root cause's error file is copied to the launcher's
         # own TORCHELASTIC_ERROR_FILE, any other error is recorded there.

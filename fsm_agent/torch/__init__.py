@@ -5,7 +5,7 @@
 - :class:`FSMElasticAgent`: the mixin on torch's ``LocalElasticAgent`` (what torchrun runs).
 - :class:`TorchDriver`: the ``fsm_agent.Driver`` that calls a torch agent's own hooks.
 - :func:`launch`: torch's ``launch_agent`` with an ``FSMElasticAgent`` (what ``fsm-agent run``
-  calls).
+  calls), and :class:`AgentOptions`, what fsm_agent adds to torch's ``LaunchConfig``.
 
 Importing this package imports torch.
 """
@@ -15,5 +15,6 @@ from __future__ import annotations
 from fsm_agent.torch._agent import FSMElasticAgent, LifecycleAgentMixin
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._launch import launch
+from fsm_agent.torch._options import AgentOptions
 
-__all__ = ["FSMElasticAgent", "LifecycleAgentMixin", "TorchDriver", "launch"]
+__all__ = ["AgentOptions", "FSMElasticAgent", "LifecycleAgentMixin", "TorchDriver", "launch"]

@@ -11,14 +11,17 @@ import logging
 import os
 import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from fsm_agent.torch._options import AgentOptions
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.health_check_server import HealthCheckServer
     from torch.distributed.launcher.api import LaunchConfig
 
-    from fsm_agent import Listener, Spec
     from fsm_agent.torch._agent import FSMElasticAgent
 
 __all__ = ["launch"]
@@ -83,29 +86,21 @@ def launch(
     entrypoint: Callable[..., Any] | str | None,
     args: Sequence[Any],
     *,
-    lifecycle_spec: Spec | str | os.PathLike[str] = "torchelastic",
-    exit_barrier_timeout: float = 300.0,
-    listeners: Sequence[Listener] = (),
+    options: AgentOptions | None = None,
     on_agent: Callable[[FSMElasticAgent], None] | None = None,
-    lifecycle_params: Mapping[str, Any] | None = None,
-    isolate_worker_store: bool = True,
-    preload: Sequence[str] = (),
     health_check_server: HealthCheckServer | None = None,
+    **option_fields: Any,
 ) -> dict[int, Any]:
     """torch's ``launch_agent`` with an ``FSMElasticAgent``; returns the workers' return values.
 
     ``config``, ``entrypoint`` and ``args`` are what torch's ``elastic_launch`` takes: a
     ``LaunchConfig``, then a script or executable path (``args``: its arguments) or a function
     (``args``: its positional arguments), the return values keyed by global rank.
-    ``lifecycle_spec``: a preset name, a spec file or a loaded ``Spec``; ``lifecycle_params``:
-    values for its ``params`` (a bad one is a ``SpecError`` before anything starts).
-    ``listeners`` receive every transition (for example a trace writer,
-    ``fsm_agent.trace.open_trace``). ``on_agent`` is called with the agent once it is built,
-    before it runs. ``isolate_worker_store=False``: restarted workers share the agent's store,
-    as under torchrun (docs/runner.md says why the default gives them a fresh one).
-    ``preload``: modules imported once in a template process that forks the
-    script workers (``fsm_agent.torch._preload``; a module that cannot be preloaded is logged
-    and the workers start cold). ``health_check_server``: as torch's ``launch_agent``, a
+    ``options``: what fsm_agent adds to torch's agent (:class:`AgentOptions`: the spec, its
+    parameters, listeners, the exit barrier's timeout, ...); each of its fields may also be
+    given as a keyword (``lifecycle_spec="resilient"``), which replaces the one in ``options``.
+    ``on_agent`` is called with the agent once it is built, before it runs.
+    ``health_check_server``: as torch's ``launch_agent``, a
     server the caller started (before a long rendezvous, say) that the agent then answers
     through; without one the agent starts its own when ``TORCHELASTIC_HEALTH_CHECK_PORT`` is set.
 
@@ -118,6 +113,11 @@ def launch(
     The exit code the spec asked for on failure (``set_exit_code``: the ``resilient`` preset's
     ``no_requeue_exit_code``) is ``agent.lifecycle.exit_code`` (``on_agent`` gives the agent).
     """
+    unknown = sorted(set(option_fields) - AgentOptions.names())
+    if unknown:
+        raise TypeError(f"launch() got unexpected keyword argument(s) {', '.join(unknown)} "
+                        f"(the options are {', '.join(sorted(AgentOptions.names()))})")
+    options = attrs.evolve(options or AgentOptions(), **option_fields)
     from torch.distributed.elastic import events, metrics
     from torch.distributed.elastic.agent.server.api import WorkerSpec
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -172,14 +172,9 @@ def launch(
         spec=spec,
         logs_specs=config.logs_specs,
         start_method=config.start_method,
-        exit_barrier_timeout=exit_barrier_timeout,
         log_line_prefix_template=config.log_line_prefix_template,
         shutdown_timeout=config.shutdown_timeout,
-        lifecycle_spec=lifecycle_spec,
-        listeners=listeners,
-        lifecycle_params=lifecycle_params,
-        isolate_worker_store=isolate_worker_store,
-        preload=preload,
+        **options.agent_kwargs(),
         **({} if health_check_server is None else {"health_check_server": health_check_server}),
     )
     # As torch: a server started before the agent existed answered with the current time until

@@ -94,3 +94,12 @@ def test_run_help_lists_every_built_in_spec_and_how_to_set_its_parameters(
     (tmp_path / "mylab.yaml").write_text((ROOT / "specs" / "torchrun.yaml").read_text())
     extra = _run_help({**os.environ, PRESETS_DIR_ENV: str(tmp_path)})
     assert re.search(r"\bmylab\b", _flag_help(extra, "--spec NAME|PATH")), extra
+
+
+def test_the_run_flag_table_in_docs_cli_is_the_parsers() -> None:
+    from fsm_agent.cli.run import own_flags_table
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    table = own_flags_table()
+    assert table.count("\n| `--") >= 9
+    assert table in doc, "regenerate docs/cli.md's table: fsm_agent.cli.run.own_flags_table()"
