@@ -55,6 +55,21 @@ def _enc(value: str | bytes) -> str:
     return b64encode(_bytes(value)).decode()
 
 
+def _lost_as_connection_error(method: Callable[..., T]) -> Callable[..., T]:
+    """python-etcd's errors (``EtcdConnectionFailed`` and the rest, urllib3's timeouts) as
+    ``ConnectionError``: one of ``fsm_agent.torch._job.STORE_ERRORS``, so an etcd the agent
+    cannot reach is the store lost, as a TCPStore whose host is gone."""
+
+    @functools.wraps(method)
+    def call(self: Any, *args: Any) -> T:
+        try:
+            return method(self, *args)
+        except self._errors as e:
+            raise ConnectionError(f"etcd: {type(e).__name__}: {e}") from e
+
+    return call
+
+
 class EtcdJobStore:
     """``fsm_agent._job.Store`` on an etcd (v2 API) client, under ``prefix``.
 
@@ -87,10 +102,12 @@ class EtcdJobStore:
         except self._etcd.EtcdKeyNotFound:
             return None
 
+    @_lost_as_connection_error
     def set(self, key: str, value: str | bytes) -> None:
         """Set ``key``."""
         self.client.write(self._path(key), _enc(value), ttl=self.ttl)
 
+    @_lost_as_connection_error
     def get(self, key: str) -> bytes:
         """The value of ``key``, waiting up to ``timeout`` for it (then ``StoreTimeout``, as
         ``MemoryStore``)."""
@@ -106,10 +123,12 @@ class EtcdJobStore:
             time.sleep(pause)
             pause = min(0.2, pause * 2)
 
+    @_lost_as_connection_error
     def check(self, keys: list[str]) -> bool:
         """Whether every key exists (one read each, never waits)."""
         return all(self._read(k) is not None for k in keys)
 
+    @_lost_as_connection_error
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         """TCPStore's compare-and-set, by etcd's own compare-and-swap: ``desired`` is written
         only if ``key`` still holds the value read (same ``modifiedIndex``), or is still
@@ -137,6 +156,7 @@ class EtcdJobStore:
                 continue  # changed (or expired) since the read: compare again
             return _bytes(desired)
 
+    @_lost_as_connection_error
     def add(self, key: str, amount: int) -> int:
         """Add ``amount`` to the integer at ``key`` (0 if absent), atomically."""
         while True:
@@ -146,25 +166,6 @@ class EtcdJobStore:
             held = self.compare_set(key, b"" if node is None else current, str(value))
             if held == str(value).encode():
                 return value
-
-
-def _lost_as_connection_error(method: Callable[..., T]) -> Callable[..., T]:
-    """python-etcd's errors (``EtcdConnectionFailed`` and the rest, urllib3's timeouts) as
-    ``ConnectionError``: one of ``fsm_agent.torch._job.STORE_ERRORS``, so an etcd the agent
-    cannot reach is the store lost, as a TCPStore whose host is gone."""
-
-    @functools.wraps(method)
-    def call(self: EtcdJobStore, *args: Any) -> T:
-        try:
-            return method(self, *args)
-        except self._errors as e:
-            raise ConnectionError(f"etcd: {type(e).__name__}: {e}") from e
-
-    return call
-
-
-for _name in ("set", "get", "check", "compare_set", "add"):
-    setattr(EtcdJobStore, _name, _lost_as_connection_error(getattr(EtcdJobStore, _name)))
 
 
 def unimplemented(store: Any, method: str) -> bool:

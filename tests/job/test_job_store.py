@@ -229,3 +229,22 @@ def test_a_signal_during_a_store_call_is_the_signal_not_a_lost_store() -> None:
     assert job.lost is None and job.outcome is None
     with pytest.raises(SignalException):
         job.rendezvous_poll(restart=False)
+
+
+def test_an_etcd_that_is_gone_is_a_lost_store(etcd: object) -> None:
+    # python-etcd raises its own errors (EtcdConnectionFailed); the agent reads a lost store
+    # from STORE_ERRORS (RuntimeError, OSError), so they come out as ConnectionError
+    import etcd as python_etcd
+
+    from fsm_agent.torch._etcd import EtcdJobStore
+    from fsm_agent.torch._job import STORE_ERRORS
+
+    client = python_etcd.Client("127.0.0.1", etcd.port, read_timeout=2)  # type: ignore[attr-defined]
+    store = EtcdJobStore(client, "/test/fsm_agent", timeout=0.2)
+    assert store.compare_set("k", "", "v") == b"v"
+    etcd.stop()  # type: ignore[attr-defined]
+    for call in (lambda: store.check(["k"]), lambda: store.add("n", 1),
+                 lambda: store.compare_set("k", "v", "w"), lambda: store.set("k", "x")):
+        with pytest.raises(ConnectionError, match="etcd") as info:
+            call()
+        assert isinstance(info.value, STORE_ERRORS)
