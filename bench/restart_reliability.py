@@ -12,8 +12,11 @@ ranks must init gloo again and finish. A run is
 Launchers alternate run by run, so machine load hits both alike. Prints one line per run and a
 summary table (counts, median and max seconds); exits 1 if ``fsm-agent`` had any failure or
 hang. ``--smoke`` does one run per launcher (for CI: checks the script works, not reliability).
+``--etcd-v2 HOST:PORT`` runs each job on torch's etcd-v2 rendezvous instead (an etcd 3.4 with
+``--enable-v2``, python-etcd installed), one node, a run id of its own.
 
     python bench/restart_reliability.py --runs 30
+    python bench/restart_reliability.py --runs 5 --etcd-v2 127.0.0.1:2379
 """
 
 from __future__ import annotations
@@ -67,7 +70,11 @@ def one_run(launcher: str, args: argparse.Namespace, workdir: Path) -> tuple[str
     token = uuid.uuid4().hex
     env = dict(os.environ, PYTHONWARNINGS="ignore", **{TOKEN_VAR: token})
     env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # measure the defaults
-    cmd = [*LAUNCHERS[launcher], "--standalone", "--nproc-per-node", str(args.nproc),
+    # --standalone is c10d on an embedded store; --etcd-v2 a one-node job on torch's etcd-v2
+    # rendezvous (a run id of its own each run: etcd keeps a closed run's state)
+    rdzv = (["--nnodes", "1", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", args.etcd_v2,
+             "--rdzv-id", f"bench-{token[:12]}"] if args.etcd_v2 else ["--standalone"])
+    cmd = [*LAUNCHERS[launcher], *rdzv, "--nproc-per-node", str(args.nproc),
            "--max-restarts", "1", "--monitor-interval", str(args.monitor_interval),
            str(args.script)]
     log = workdir / f"{launcher}-{token[:8]}.txt"
@@ -115,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="keep logs here (default: a temporary dir; failed runs' logs kept)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the logs of ok runs too")
     parser.add_argument("--smoke", action="store_true", help="one run per launcher")
+    parser.add_argument("--etcd-v2", metavar="HOST:PORT", default=None,
+                        help="rendezvous on torch's etcd-v2 backend at this etcd (its v2 API "
+                             "on: etcd --enable-v2) instead of --standalone")
     args = parser.parse_args(argv)
     launchers = [name.strip() for name in args.launchers.split(",") if name.strip()]
     unknown = [name for name in launchers if name not in LAUNCHERS]

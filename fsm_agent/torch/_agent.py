@@ -42,6 +42,7 @@ from fsm_agent._trace_schema import DIAGNOSTICS
 from fsm_agent.torch._compat import enabled, require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
+from fsm_agent.torch._etcd import etcd_rendezvous_poll
 from fsm_agent.torch._fastpath import (
     cheap_rendezvous_events,
     fast_rendezvous,
@@ -660,10 +661,11 @@ class LifecycleAgentMixin:
         watch = self._fsm_peer_watch
         for _ in range(MAX_LOST_ROUNDS):
             try:
-                with fast_rendezvous(worker_group.spec.rdzv_handler, first=first,
-                                     poll=self._fsm_rendezvous_poll), (
+                handler = worker_group.spec.rdzv_handler
+                with fast_rendezvous(handler, first=first, poll=self._fsm_rendezvous_poll), (
                         abortable_bootstrap(watch, self._fsm_rendezvous_poll)
-                        if watch is not None else contextlib.nullcontext()):
+                        if watch is not None else contextlib.nullcontext()), \
+                        etcd_rendezvous_poll(handler, self._fsm_rendezvous_poll):
                     super()._rendezvous(worker_group)  # type: ignore[misc]
                 break
             except RoundLost as e:

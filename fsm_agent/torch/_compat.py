@@ -44,6 +44,7 @@ _API = "torch.distributed.elastic.agent.server.api"
 _LOCAL = "torch.distributed.elastic.agent.server.local_elastic_agent"
 _DYN = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 _C10D = "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
+_ETCD = "torch.distributed.elastic.rendezvous.etcd_rendezvous"
 _MP = "torch.distributed.elastic.multiprocessing.api"
 _TIMER = "torch.distributed.elastic.timer.file_based_local_timer"
 
@@ -80,6 +81,8 @@ FEATURES: dict[str, str] = {
     "peer_watch": "lost peers read off the rendezvous keep-alive (the guard peer_lost); without "
                   "it a failure that follows a lost node is classified as any other failure, "
                   "as in torch",
+    "etcd_job": "the job protocol (one outcome, the job-wide budget) on torch's etcd and etcd-v2 "
+                "rendezvous; without it their agents decide alone, as torch's",
 }
 
 
@@ -228,6 +231,14 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "build", "MASTER_ADDR_KEY"),
     # _slate.py: torch hands every worker's environment to this hook just before the start
     *_points("clean_slate", "attr", f"{_LOCAL}:LocalElasticAgent", "_setup_local_watchdog"),
+    # _etcd.py: the etcd handlers' client, and the etcd (v1) rendezvous' waits, polled
+    *_points("etcd_job", "init", f"{_ETCD}:EtcdRendezvousHandler", "_rdzv_impl"),
+    *_points("etcd_job", "init", f"{_ETCD}:EtcdRendezvous", "client", "_prefix",
+             "_num_max_workers"),
+    *_points("etcd_job", "attr", f"{_ETCD}:EtcdRendezvous", "try_wait_for_state_change",
+             "get_rdzv_state"),
+    *_points("etcd_job", "init", "torch.distributed.elastic.rendezvous.etcd_store:EtcdStore",
+             "client", "prefix"),
     # _reaper.py
     *_points("reaper", "init", f"{_MP}:SubprocessContext", "subprocess_handlers"),
     *_points("reaper", "init",

@@ -152,7 +152,8 @@ class TorchDriver:
         if self.job is not None:
             from fsm_agent.torch._job import round_of
 
-            self.job.round_id = round_of(group.spec.rdzv_handler)
+            self.job.round_id = round_of(group.spec.rdzv_handler,
+                                          getattr(self.agent, "_store", None))
         if self.isolation is not None:
             self.isolation.apply(group, restart_count)
 

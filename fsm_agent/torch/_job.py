@@ -1,9 +1,10 @@
 """The torch agent's side of the job protocol (``fsm_agent._job``), on the c10d rendezvous store.
 
 :class:`AgentJob` is created at ``run()`` when the rendezvous may hold more than one node and its
-handler has a store before the first rendezvous (torch's c10d ``DynamicRendezvousHandler``; the
-``static`` and etcd backends have none: their agents decide alone, as torch's). It is what the
-agent calls wherever it waits:
+handler has a store before the first rendezvous that every agent shares (torch's c10d
+``DynamicRendezvousHandler``'s ``TCPStore``; on the ``etcd`` and ``etcd-v2`` backends one built on
+their etcd client, ``fsm_agent.torch._etcd``; ``static`` has none: its agents decide alone, as
+torch's). It is what the agent calls wherever it waits:
 
 - between two monitor ticks and in a backoff (``LifecycleAgentMixin._monitor_wait``): the wait
   is cut into slices of at most ``POLL_INTERVAL`` and returns ``job_failed`` once an outcome is
@@ -59,18 +60,34 @@ logger = logging.getLogger("fsm_agent.torch")
 STORE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, OSError)
 
 
+#: The store operations the job protocol calls (``fsm_agent._job.Store``).
+NEEDED = ("add", "compare_set", "check", "get", "set")
+
+
 def store_of(handler: Any) -> Store | None:
-    """The rendezvous store of ``handler`` if it has one before the first rendezvous."""
+    """The store the job protocol runs on for ``handler``, if every agent shares one before
+    the first rendezvous: the handler's own (c10d's ``TCPStore``) when it implements every
+    operation; on torch's etcd backends one built on their etcd client
+    (``fsm_agent.torch._etcd``: ``etcd-v2``'s ``EtcdStore`` leaves ``compare_set`` to torch's
+    abstract ``Store``, which raises ``Not implemented``); otherwise None (``static``: the
+    agents decide alone, as torch's)."""
+    from fsm_agent.torch._etcd import etcd_job_store, unimplemented
+
     store = getattr(handler, "_store", None)
-    needed = ("add", "compare_set", "check", "get", "set")
-    return store if store is not None and all(hasattr(store, m) for m in needed) else None
+    if store is not None and all(hasattr(store, m) and not unimplemented(store, m)
+                                 for m in NEEDED):
+        return store  # type: ignore[no-any-return]
+    return etcd_job_store(handler)
 
 
-def round_of(handler: Any) -> str | None:
-    """The c10d rendezvous round the handler last joined (torch keeps it in its state)."""
+def round_of(handler: Any, store: Any = None) -> str | None:
+    """The rendezvous round the handler last joined: c10d and etcd-v2 keep it in their state;
+    the etcd (v1) rendezvous in the version its round's ``store`` lives under."""
+    from fsm_agent.torch._etcd import round_of_store
+
     state = getattr(getattr(handler, "_state_holder", None), "state", None)
     rnd = getattr(state, "round", None)
-    return None if rnd is None else str(rnd)
+    return round_of_store(store) if rnd is None else str(rnd)
 
 
 class AgentJob:
@@ -95,8 +112,10 @@ class AgentJob:
     def for_handler(cls, handler: Any, *, role: str, node: str | None = None,
                     poll_interval: float = POLL_INTERVAL) -> AgentJob | None:
         """The job of a rendezvous handler, or None (one node at most, or no shared store)."""
+        from fsm_agent.torch._etcd import max_nodes_of
+
         settings = getattr(handler, "settings", None)
-        max_nodes = getattr(settings, "max_nodes", None)
+        max_nodes = getattr(settings, "max_nodes", None) or max_nodes_of(handler)
         store = store_of(handler)
         if store is None or (max_nodes is not None and max_nodes <= 1):
             return None

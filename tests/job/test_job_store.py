@@ -1,5 +1,6 @@
-"""The job protocol's store operations: ``MemoryStore`` behaves as torch's ``TCPStore`` for every
-operation the protocol uses (each test runs on both), and ``JobChannel`` on top of either."""
+"""The job protocol's store operations: ``MemoryStore`` and ``EtcdJobStore`` (on a real etcd)
+behave as torch's ``TCPStore`` for every operation the protocol uses (each test runs on all
+three), and ``JobChannel`` on top of each."""
 
 from __future__ import annotations
 
@@ -13,10 +14,19 @@ import pytest
 from fsm_agent._job import JobChannel, JobOutcome, JobOver, MemoryStore
 
 
-@pytest.fixture(params=["memory", "tcp"])
+@pytest.fixture(params=["memory", "tcp", "etcd"])
 def store(request: pytest.FixtureRequest) -> Iterator[object]:
     if request.param == "memory":
         yield MemoryStore(timeout=0.2)
+        return
+    if request.param == "etcd":
+        import etcd as python_etcd
+
+        from fsm_agent.torch._etcd import EtcdJobStore
+
+        server = request.getfixturevalue("etcd")
+        client = python_etcd.Client("127.0.0.1", server.port, read_timeout=5)
+        yield EtcdJobStore(client, "/test/fsm_agent", timeout=0.2)
         return
     import torch.distributed as dist
 
@@ -83,7 +93,7 @@ def test_ledger_counts_a_round_once_and_riders_keep_their_restart(store: object)
 
 def test_concurrent_claims_never_exceed_the_budget(store: object) -> None:
     # 8 agents, each claiming a different round at once: exactly max_restarts claims succeed.
-    if not isinstance(store, MemoryStore):
+    if type(store).__name__ == "TCPStore":  # the etcd client's connection pool is shared
         pytest.skip("one TCPStore client is not shared by threads")
     chans = _channels(store, 8)
     results: list[object] = []
@@ -219,3 +229,22 @@ def test_a_signal_during_a_store_call_is_the_signal_not_a_lost_store() -> None:
     assert job.lost is None and job.outcome is None
     with pytest.raises(SignalException):
         job.rendezvous_poll(restart=False)
+
+
+def test_an_etcd_that_is_gone_is_a_lost_store(etcd: object) -> None:
+    # python-etcd raises its own errors (EtcdConnectionFailed); the agent reads a lost store
+    # from STORE_ERRORS (RuntimeError, OSError), so they come out as ConnectionError
+    import etcd as python_etcd
+
+    from fsm_agent.torch._etcd import EtcdJobStore
+    from fsm_agent.torch._job import STORE_ERRORS
+
+    client = python_etcd.Client("127.0.0.1", etcd.port, read_timeout=2)  # type: ignore[attr-defined]
+    store = EtcdJobStore(client, "/test/fsm_agent", timeout=0.2)
+    assert store.compare_set("k", "", "v") == b"v"
+    etcd.stop()  # type: ignore[attr-defined]
+    for call in (lambda: store.check(["k"]), lambda: store.add("n", 1),
+                 lambda: store.compare_set("k", "v", "w"), lambda: store.set("k", "x")):
+        with pytest.raises(ConnectionError, match="etcd") as info:
+            call()
+        assert isinstance(info.value, STORE_ERRORS)

@@ -221,6 +221,14 @@ def test_a_feature_torch_lacks_is_off_with_one_line_and_the_job_runs(
 
         assert install_peer_watch(handler) is None
         assert "_sanitize" not in vars(handler._state_holder)
+    elif feature == "etcd_job":  # an etcd handler's agents decide alone, as torch's
+        from types import SimpleNamespace
+
+        from fsm_agent.torch._etcd import etcd_job_store
+
+        client = SimpleNamespace(read=print, write=print)
+        etcd_v2 = SimpleNamespace(_store=SimpleNamespace(client=client, prefix="/x"))
+        assert etcd_job_store(etcd_v2) is None
     else:  # pragma: no cover - a new feature needs its check here
         pytest.fail(f"no check for feature {feature!r}")
 
