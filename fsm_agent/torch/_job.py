@@ -47,8 +47,8 @@ from fsm_agent._job import (
 )
 from fsm_agent.torch._bounded import StoreCalls, StoreUnresponsive, bound_backend, timeout_of
 
-__all__ = ["JOB_FAILED", "STORE_ERRORS", "AgentJob", "JobFailed", "RendezvousStoreLost", "round_of",
-           "store_of"]
+__all__ = ["JOB_FAILED", "STORE_ERRORS", "AgentJob", "JobFailed", "RendezvousStoreLost",
+           "node_identity", "round_of", "store_of"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -66,6 +66,16 @@ def store_of(handler: Any) -> Store | None:
     return store if store is not None and all(hasattr(store, m) for m in needed) else None
 
 
+def node_identity(handler: Any) -> str:
+    """The machine's name in the job's quarantine marks: the address of the node's rendezvous
+    descriptor (torch's ``local_addr``, ``--local-addr``, or else the host's FQDN, as torch's
+    ``_NodeDescGenerator`` takes it). Not the descriptor itself: its pid and local id name the
+    agent process, and an agent a scheduler starts again on the same machine must read the
+    mark."""
+    addr = getattr(getattr(handler, "_this_node", None), "addr", None)
+    return addr if isinstance(addr, str) and addr else socket.getfqdn()
+
+
 def round_of(handler: Any) -> str | None:
     """The c10d rendezvous round the handler last joined (torch keeps it in its state)."""
     state = getattr(getattr(handler, "_state_holder", None), "state", None)
@@ -76,9 +86,12 @@ def round_of(handler: Any) -> str | None:
 class AgentJob:
     """One agent's part in the job-wide protocol: its channel, and what it has learnt."""
 
-    def __init__(self, channel: JobChannel, *, role: str = "default") -> None:
+    def __init__(self, channel: JobChannel, *, role: str = "default",
+                 identity: str | None = None) -> None:
         self.channel = channel
         self.role = role
+        #: This node's name in quarantine marks: the machine, which outlives the agent process.
+        self.identity = identity or socket.getfqdn()
         #: The outcome this agent ends with when the store became unreachable.
         self.lost: JobOutcome | None = None
         self.round_id: str | None = None
@@ -111,7 +124,27 @@ class AgentJob:
             calls = StoreCalls(timeout)
             bound_backend(handler, calls)
             store = calls.wrap(store)
-        return cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role)
+        return cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role,
+                   identity=node_identity(handler))
+
+    # -- quarantine (fsm_agent._quarantine) ----------------------------------------------------
+
+    def quarantine(self, reason: str) -> None:
+        """Mark this node quarantined for the rest of the job (a store error is logged: the
+        node leaves anyway)."""
+        try:
+            self.channel.quarantine(self.identity, reason)
+        except STORE_ERRORS as e:
+            logger.error("[%s] could not write the quarantine mark of node %s: %s", self.role,
+                         self.identity, e)
+
+    def quarantine_mark(self) -> str | None:
+        """Why this node is quarantined in the job, None if it is not (or the store cannot
+        say: the health check ``store_reachable`` is the one that judges the store)."""
+        try:
+            return self.channel.quarantined(self.identity)
+        except STORE_ERRORS:
+            return None
 
     # -- what the agent asks while it waits ---------------------------------------------------
 
