@@ -11,7 +11,8 @@ lets a spare take its slot instead. Three pieces of vocabulary, all spec data:
 - the guard kind ``own_failures_at_least`` (``count``; 0: never): this failure, with the
   node's own failures counted before it, reaches ``count``. A failure the guard ``peer_lost``
   classifies as caused by a lost node (a spec that has it) is never the node's own, whatever
-  the rule order;
+  the rule order; an agent alone (a driver without a true ``has_job``: a single-node run) is
+  never quarantined, as no other node could take its slot;
 - the action kind ``quarantine_node`` (``{exit_code, after}``, terminal): the driver writes the
   quarantine mark (the torch driver: on the rendezvous store, ``fsm_agent._job``), the agent
   logs one line with the count and the failures, and leaves the job as a failed health check
@@ -94,10 +95,19 @@ def _own(ctx: Context) -> bool:
     return not (PEER_LOST_GUARD in ctx.guard_fns and ctx.check(PEER_LOST_GUARD))
 
 
+def _alone(ctx: Context) -> bool:
+    """Whether this agent is alone: its driver does not say ``has_job`` (the torch driver of a
+    rendezvous of several nodes does; a single-node run, the recording and the kit's drivers,
+    ``check --bounds`` do not). Nobody could take its slot: its failures are for the restart
+    budget to judge, as they were before quarantine."""
+    return not getattr(ctx.driver, "has_job", False)
+
+
 def _own_failures_at_least(count: int) -> Callable[[Context], bool]:
     if count < 0:
         raise ValueError(f"count must be >= 0 (0 turns quarantine off), got {count}")
-    return lambda ctx: count > 0 and len(ctx.own_failures) + 1 >= count and _own(ctx)
+    return lambda ctx: (count > 0 and len(ctx.own_failures) + 1 >= count and not _alone(ctx)
+                        and _own(ctx))
 
 
 def _quarantine_node(exit_code: int, after: int) -> Callable[[Context], None]:
@@ -124,7 +134,7 @@ GUARD_KINDS: dict[str, Kind] = {
         # a larger count implies a smaller one; 0 is "never", which implies nothing
         implies=lambda mine, earlier: bool(mine["count"] >= earlier["count"] > 0),
         description="this failure of the node's own workers (not one that followed a lost "
-        "node) is its `count`-th in the job (0: never)"),
+        "node) is its `count`-th in a job of several nodes (0: never)"),
 }
 
 #: ``quarantine_node``: the terminal action of a quarantined node.

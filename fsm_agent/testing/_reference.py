@@ -51,14 +51,6 @@ STOPPED                            group in <STATE> state")
 * ``max_restarts`` failure restarts are allowed within any window of ``restart_window``: a
   restart counts while less than ``restart_window`` has passed since it (``inf``: the whole
   job, as torch); with none left: stop; FAILED; return the FAILED result (no exit barrier);
-* a failure that is neither one that follows a lost node nor a no-retry failure, and would be
-  the ``quarantine_after``-th (``0``: never) failure of this node's own workers (the failures
-  restarted after a backoff so far, plus this one), quarantines the node: the job's exit code
-  is ``unhealthy_exit_code``; stop; raise ``LeftJob`` with the line ``quarantined: this node's
-  own workers failed N times in this job (quarantine_after=N): F1; F2; ...``, each failure in
-  the words ``exit 7 (local rank 0)`` (ranks stopped with SIGTERM left out, as above; a signal
-  by its name, ``SIGKILL``; ranks of one code together, ``(local ranks 0, 1)``; none listed:
-  ``a failure with no failed rank listed``);
 * HEALTHY with a lost node (``Tick.peer_lost``) restarts at once, from the same
   ``node_replacements`` budget as a failure that follows a loss (with none left: stop; FAILED;
   return the FAILED result), before nodes waiting are asked about;
@@ -130,8 +122,6 @@ RESILIENT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "infra_exit_codes": (),
     "infra_restarts": 3,
     "node_replacements": math.inf,
-    "quarantine_after": 3,
-    "unhealthy_exit_code": 75,
 })
 
 #: One recorded call: ``("rendezvous",)``, ``("sleep", 0.1)``, ``("exit_barrier", 300.0)``,
@@ -263,8 +253,6 @@ class ReferenceRun:
         self._progressed: bool | None = None  # did the attempt that failed last make progress
         #: Failed restarts in a row without progress.
         self.stalled_restarts = 0
-        #: The failures of this node's own workers restarted after a backoff, in words.
-        self.own_failures: list[str] = []
 
     # -- feeding it --------------------------------------------------------------------------
 
@@ -371,11 +359,8 @@ class ReferenceRun:
             stalled = self.params.get("no_progress_restarts", 0)
             no_use = codes and all(c in no_retry for c in codes)  # retrying cannot help
             infra = codes and all(c in self.params.get("infra_exit_codes", ()) for c in codes)
-            quarantine = int(self.params.get("quarantine_after", 0))
             if resilient and tick.peer_lost:
                 self._replace_lost(result, observed)
-            elif resilient and not no_use and 0 < quarantine <= len(self.own_failures) + 1:
-                self._quarantine(result, quarantine)
             elif resilient and (no_use or 0 < stalled <= self.stalled_restarts):
                 # a no-retry failure, or no_progress_restarts restarts in a row without progress
                 self._give_up(result, observed, exit_code=self.params["no_requeue_exit_code"])
@@ -447,31 +432,6 @@ class ReferenceRun:
         else:
             self._give_up(result, observed)
 
-    @staticmethod
-    def _failure_words(result: Any) -> str:
-        codes = {f.local_rank: f.exitcode for f in result.failures.values()}
-        failed = {r: c for r, c in codes.items() if c != -15} or codes
-        by_code: dict[int, list[int]] = {}
-        for rank, code in sorted(failed.items()):
-            by_code.setdefault(code, []).append(rank)
-        words = []
-        for code, ranks in by_code.items():
-            what = signal.Signals(-code).name if code < 0 else f"exit {code}"
-            plural = "s" if len(ranks) > 1 else ""
-            words.append(f"{what} (local rank{plural} {', '.join(map(str, ranks))})")
-        return ", ".join(words) or "a failure with no failed rank listed"
-
-    def _quarantine(self, result: Any, after: int) -> None:
-        """This node's own workers failed ``after`` times: it leaves the job, marked."""
-        failures = [*self.own_failures, self._failure_words(result)]
-        code = int(self.params["unhealthy_exit_code"])
-        self.exit_code = code
-        self._call("stop_workers")
-        self.state = "FAILED"  # QUARANTINED reports FAILED
-        reason = (f"quarantined: this node's own workers failed {len(failures)} times in this "
-                  f"job (quarantine_after={after}): {'; '.join(failures)}")
-        self.outcome = Raised("LeftJob", reason, exit_code=code)
-
     def _give_up(self, result: Any, observed: str, exit_code: int | None = None) -> None:
         if exit_code is not None:
             self.exit_code = exit_code
@@ -488,7 +448,6 @@ class ReferenceRun:
 
     def _restart_after_backoff(self, tick: Tick, *, infra: bool = False) -> None:
         (self._infra_restarts if infra else self._restarts).append(self.now)
-        self.own_failures.append(self._failure_words(tick_result(self.tick_no, tick)))
         self.remaining_restarts = self._left()
         self._call("stop_workers")
         self.state = "STOPPED"

@@ -148,10 +148,9 @@ def test_recorded_backoffs_are_the_waits_the_table_gives() -> None:
     # backoff's draw is 0.0 (the shortest: 1 s * (1 - 0.5)), the second 0.5 (no jitter: 2 s),
     # the third is capped (min(3, 4) = 3 s; draw 0.75: * 1.25). The fourth attempt ran two
     # ticks and 600 s, longer than backoff_reset (10 s): the backoff starts again from 1 s.
-    # (Four failures of this node's own workers: quarantine, after three by default, is off.)
     config = RunConfig(max_restarts=9, monitor_interval=0.25, params={
         "backoff_initial": 1.0, "backoff_factor": 2.0, "backoff_max": 3.0,
-        "backoff_jitter": 0.5, "backoff_reset": 10.0, "quarantine_after": 0})
+        "backoff_jitter": 0.5, "backoff_reset": 10.0})
     script = [Tick("FAILED", draw=0.0), Tick("UNHEALTHY"), Tick("FAILED", draw=0.75),
               Tick("HEALTHY", elapsed=600.0), Tick("FAILED")]
     trace = run_script(Lifecycle, config, script, spec="resilient")
