@@ -1,7 +1,7 @@
 """Quarantine's counting (``fsm_agent/_quarantine.py``, the ``resilient`` preset's rule
 ``quarantine``), on the engine with the recording driver and virtual time; the mark on the job's
-store (``fsm_agent._job``); the static check of the new guard kind. Real agents on loopback are
-in ``tests/torch/test_quarantine.py``."""
+store (``fsm_agent._job``). Which rule the guard kind shadows: ``tests/test_policy.py``. Real
+agents on loopback are in ``tests/torch/test_quarantine.py``."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from test_budgets import MINI
 
-from fsm_agent import Lifecycle, parse_spec
+from fsm_agent import Lifecycle
 from fsm_agent._clock import VirtualClock
-from fsm_agent._errors import SpecError
 from fsm_agent._health import LeftJob
 from fsm_agent._job import JobChannel, MemoryStore
 from fsm_agent.testing import RecordingDriver
@@ -25,8 +23,9 @@ FAIL7 = make_result("FAILED", exitcode=7)
 
 
 class Driver(RecordingDriver):
-    """The recording driver in a job of several nodes, with a lost peer on the ticks listed in ``lost_on`` (by monitor
-    call, from 1), a quarantine mark it keeps, and the health checks run with it."""
+    """The recording driver in a job of several nodes, with a lost peer on the ticks listed in
+    ``lost_on`` (by monitor call, from 1), a quarantine mark it keeps, and the health checks
+    run with it."""
 
     has_job = True  # in a job of several nodes: alone, nobody could take the slot
 
@@ -125,23 +124,3 @@ def test_the_mark_is_kept_by_node_on_the_jobs_store() -> None:
     assert other.quarantined("10.0.0.2") is None  # another job: not marked there
     store.set("fsm_agent/job/run1/quarantined/x", b"\x00junk")
     assert "unreadable mark" in (one.quarantined("x") or "")
-
-
-def test_a_rule_the_quarantine_rule_shadows_is_reported() -> None:
-    text = _SHADOW
-    with pytest.raises(SpecError) as info:
-        parse_spec(text)
-    problems = [str(p) for p in info.value.problems]
-    assert any("rule 'later' can never match" in p and "'quarantine'" in p
-               for p in problems), problems
-    parse_spec(text.replace("default: 3", "default: 0"))  # off: it shadows nothing
-
-
-_SHADOW = (MINI  # test_budgets' spec, with two quarantine rules before its catch-all
-           .replace("guards:\n", "guards:\n  due: {own_failures_at_least: quarantine_after}\n"
-                    "  later: {own_failures_at_least: 5}\n")
-           .replace("params:\n", "params:\n  quarantine_after: {type: int, default: 3, min: 0}\n")
-           .replace("    - {name: retry, then: restart}",
-                    "    - {name: quarantine, when: due, then: give_up}\n"
-                    "    - {name: later, when: later, then: give_up}\n"
-                    "    - {name: retry, then: restart}"))
