@@ -122,3 +122,26 @@ def test_only_resilient_refuses_a_node_with_a_quarantine_mark(
         assert "quarantined in this job" not in job.output
     del client
     stop_store(store)
+
+
+@pytest.mark.timeout(150)
+def test_a_failure_that_follows_a_lost_node_does_not_count(jobs: Jobs, tmp_path: Path) -> None:
+    from test_peers import ALLREDUCE_WORKER, ATTEMPTS, INTERVAL
+    from test_slots import spare_takes_rank_0
+
+    # quarantine_after=1: any failure counted as the survivor's own would send it away. Its
+    # worker fails in the all_reduce the lost node left (rule peer_lost): restarted with the
+    # spare in the lost slot, and the job ends 0 (spare_takes_rank_0 checks all three).
+    jobs.default_script = ALLREDUCE_WORKER
+    store, port = standalone_store(jobs)
+    args = ["--spec", "resilient", "--nnodes", "2:2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", "peer-lost-not-own", "--max-restarts", "0",
+            "--rdzv-conf", "is_host=0,join_timeout=120,last_call_timeout=1,"
+                           f"keep_alive_interval={INTERVAL},keep_alive_max_attempt={ATTEMPTS}",
+            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), *FAST,
+            "--spec-param", "quarantine_after=1"]
+    survivor = spare_takes_rank_0(jobs, args, tmp_path / "stop")
+    assert "rule 'peer_lost'" in survivor.output, survivor.output[-4000:]
+    assert "quarantined" not in survivor.output, survivor.output[-4000:]
+    stop_store(store)
