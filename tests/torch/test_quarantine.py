@@ -29,16 +29,16 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
                                  default_script=WORKER))
 
 
-def _args(port: int, run_id: str, addr: str, spec: str = "resilient",
-          nnodes: str = "2:2") -> list[str]:
+def _args(port: int, run_id: str, addr: str, spec: str = "resilient", nnodes: str = "2:2",
+          params: tuple[str, ...] = ("quarantine_after=2", "backoff_initial=0.2"),
+          max_restarts: int = 10) -> list[str]:
     return ["--spec", spec, "--nnodes", nnodes, "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", run_id, "--max-restarts", "10", "--local-addr", addr,
+            "--rdzv-id", run_id, "--max-restarts", str(max_restarts), "--local-addr", addr,
             "--rdzv-conf", "is_host=0,join_timeout=120,last_call_timeout=1,"
                            "keep_alive_interval=1,keep_alive_max_attempt=2",
             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), *FAST,
-            *(["--spec-param", "quarantine_after=2", "--spec-param", "backoff_initial=0.2"]
-              if spec == "resilient" else [])]
+            *(a for p in params for a in ("--spec-param", p) if spec == "resilient")]
 
 
 def _latest(job: Job) -> dict[str, object]:
@@ -126,7 +126,7 @@ def test_only_resilient_refuses_a_node_with_a_quarantine_mark(
 
 @pytest.mark.timeout(150)
 def test_a_failure_that_follows_a_lost_node_does_not_count(jobs: Jobs, tmp_path: Path) -> None:
-    from test_peers import ALLREDUCE_WORKER, ATTEMPTS, INTERVAL
+    from test_peers import ALLREDUCE_WORKER
     from test_slots import spare_takes_rank_0
 
     # quarantine_after=1: any failure counted as the survivor's own would send it away. Its
@@ -134,13 +134,8 @@ def test_a_failure_that_follows_a_lost_node_does_not_count(jobs: Jobs, tmp_path:
     # spare in the lost slot, and the job ends 0 (spare_takes_rank_0 checks all three).
     jobs.default_script = ALLREDUCE_WORKER
     store, port = standalone_store(jobs)
-    args = ["--spec", "resilient", "--nnodes", "2:2", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", "peer-lost-not-own", "--max-restarts", "0",
-            "--rdzv-conf", "is_host=0,join_timeout=120,last_call_timeout=1,"
-                           f"keep_alive_interval={INTERVAL},keep_alive_max_attempt={ATTEMPTS}",
-            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), *FAST,
-            "--spec-param", "quarantine_after=1"]
+    args = _args(port, "peer-lost-not-own", "127.0.0.1", params=("quarantine_after=1",),
+                 max_restarts=0)
     survivor = spare_takes_rank_0(jobs, args, tmp_path / "stop")
     assert "rule 'peer_lost'" in survivor.output, survivor.output[-4000:]
     assert "quarantined" not in survivor.output, survivor.output[-4000:]
