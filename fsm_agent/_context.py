@@ -86,6 +86,9 @@ class Context:
     attempts: int = 0
     progress_start: Any = attrs.field(default=None, repr=False)
     stalled_restarts: int = 0
+    #: The failures of this node's own workers so far (``count_own_failure``), each in a few
+    #: words, oldest first: what quarantine counts (``fsm_agent._quarantine``).
+    own_failures: list[str] = attrs.field(factory=list, repr=False)
     #: Whether the attempt that failed last made progress (None: unknown, or none failed yet).
     progressed: bool | None = None
     #: The lifecycle's guards by name, bound to its parameters (combinators evaluate through it).

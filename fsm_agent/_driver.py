@@ -55,7 +55,9 @@ class JobDriver(Protocol):
     ``budget`` names a spec's named budget (``fsm_agent._budgets``; "" the default one). It is
     passed only for a named budget, so a driver for specs without them may leave it out.
     ``has_job`` (optional, default True) says whether the driver is in a job of several agents
-    right now; when False the lifecycle counts by itself.
+    right now; when False the lifecycle counts by itself. Quarantine (``fsm_agent._quarantine``)
+    reads it the other way: only a driver that says True is in a job where another node could
+    take this one's slot.
     """
 
     def job_restart_count(self, window: float, budget: str = "") -> int:

@@ -216,12 +216,22 @@ class HealthCheck:
         return float(self.args.get("timeout", 0.0))
 
     def run(self, store: tuple[str, int] | None = None,
-            slate: Callable[[float], str | None] | None = None) -> CheckResult:
+            slate: Callable[[float], str | None] | None = None,
+            quarantined: Callable[[], str | None] | None = None) -> CheckResult:
         """Run it; ``store``: the rendezvous store's (host, port), for ``store_reachable``
         without an ``endpoint`` of its own; ``slate``: the driver's ``clean_slate`` (ends what
         earlier attempts left, waits up to the timeout given, returns what survived as one line,
-        None for none)."""
+        None for none); ``quarantined``: the driver's look at this node's quarantine mark (its
+        one line, None for none; ``fsm_agent._quarantine``)."""
         a = self.args
+        if self.kind == "not_quarantined":
+            if quarantined is None:
+                return CheckResult(self.name, True, "skipped: this driver keeps no quarantine "
+                                   "marks")
+            t0 = time.monotonic()
+            mark = quarantined()
+            return CheckResult(self.name, mark is None, mark or "this node is not quarantined",
+                               time.monotonic() - t0)
         if self.kind == "clean_slate":
             if slate is None:
                 return CheckResult(self.name, True, "skipped: this driver does not track its "
@@ -297,6 +307,10 @@ def _slate_kind(timeout: float) -> Callable[..., bool]:
                                     {"timeout": _positive("timeout", timeout)}))
 
 
+def _not_quarantined_kind() -> Callable[..., bool]:
+    return _check_guard(HealthCheck("not_quarantined", "not_quarantined", {}))
+
+
 class LeftJob(Exception):
     """The agent left the job on purpose (a node health check failed): ``exit_code`` and a
     one-line ``reason``. Not a failure of the job: the other agents go on without this one."""
@@ -339,6 +353,9 @@ GUARD_KINDS: dict[str, Kind] = {
                         description="no process of the node's earlier attempts is left: those the "
                         "driver finds are SIGKILLed and gone within `timeout` (a driver that "
                         "does not track its workers' processes: true)"),
+    "not_quarantined": Kind(_not_quarantined_kind, {}, None, {},
+                            description="this node carries no quarantine mark of the job (the "
+                            "driver's look at the mark; a driver that keeps none: true)"),
 }
 
 #: ``leave_job``: the terminal action of a node that failed its health checks.

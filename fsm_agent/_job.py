@@ -26,6 +26,11 @@ a ``TCPStore`` hosted by one of the agents. :class:`JobChannel` adds a few keys 
 ``claimed/<round>``
     The node that counted that round's failure restart: the agents that restart with it on the
     membership change say whose failure it was.
+``quarantined/<identity>``
+    Set by a node sent away for its own workers' failures (``fsm_agent._quarantine``): JSON,
+    the agent that wrote it and its reason. ``identity`` names the machine, not the agent
+    process (the torch agent: its rendezvous address, torch's ``--local-addr`` or the host's
+    FQDN), so an agent a scheduler starts again on that machine reads it and never joins.
 
 Nothing here does I/O of its own beyond the store it is given; :class:`MemoryStore` has the same
 semantics as ``TCPStore`` for the operations used, for tests and simulations. The model checked
@@ -289,6 +294,7 @@ class JobChannel:
         self.finishing_key = f"{base}/finishing"
         self.claims_prefix = f"{base}/claimed"
         self.notes_prefix = f"{base}/notes"
+        self.quarantine_prefix = f"{base}/quarantined"
         self._outcome: JobOutcome | None = None
         self._acked = False
         self._last_poll = -math.inf
@@ -379,6 +385,26 @@ class JobChannel:
             pause = min(self.poll_interval, pause * 2)
         keys = [f"{base}/{i}" for i in range(1, count + 1)]
         return [self.store.get(k) for k in keys if self.store.check([k])]
+
+    # -- quarantine marks -------------------------------------------------------------------
+
+    def quarantine(self, identity: str, reason: str) -> None:
+        """Mark the node ``identity`` quarantined for the rest of the job."""
+        value = json.dumps({"node": self.node, "reason": reason}, sort_keys=True)
+        self.store.set(f"{self.quarantine_prefix}/{identity}", value)
+
+    def quarantined(self, identity: str) -> str | None:
+        """Why the node ``identity`` was quarantined (one line), None if it was not."""
+        key = f"{self.quarantine_prefix}/{identity}"
+        if not self.store.check([key]):
+            return None
+        raw = self.store.get(key)
+        try:
+            data = json.loads(raw)
+            node, reason = printable(data["node"], 200), printable(data["reason"], MAX_REASON)
+        except (ValueError, KeyError, TypeError, RecursionError):
+            node, reason = "?", f"unreadable mark {raw[:80]!r}"
+        return f"node {identity} is quarantined in this job (by {node}: {reason})"
 
     # -- the finishing flag ------------------------------------------------------------------
 

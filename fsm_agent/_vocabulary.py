@@ -28,6 +28,9 @@ from ._matchers import ACTION_KINDS, GUARD_KINDS
 from ._peers import GUARDS as PEER_GUARDS
 from ._progress import GUARD_KINDS as PROGRESS_GUARD_KINDS
 from ._progress import note_attempt_start
+from ._quarantine import ACTION_KINDS as QUARANTINE_ACTION_KINDS
+from ._quarantine import ACTIONS as QUARANTINE_ACTIONS
+from ._quarantine import GUARD_KINDS as QUARANTINE_GUARD_KINDS
 
 __all__ = ["Action", "ActionDef", "Context", "Guard", "Kind", "Vocabulary"]
 
@@ -173,6 +176,7 @@ _BUILTIN_ACTIONS: dict[str, ActionDef] = {
     "raise_invalid_state": ActionDef(_raise_invalid_state, terminal=True),
     "capture_stacks": ActionDef(_capture_stacks),
     **DRAIN_ACTIONS,
+    **QUARANTINE_ACTIONS,
 }
 
 
@@ -245,9 +249,9 @@ def _check_new(
 
 _BUILTIN = Vocabulary(_BUILTIN_GUARDS, _BUILTIN_ACTIONS,
                       {**GUARD_KINDS, **HEALTH_GUARD_KINDS, **PROGRESS_GUARD_KINDS,
-                       **BUDGET_GUARD_KINDS},
+                       **BUDGET_GUARD_KINDS, **QUARANTINE_GUARD_KINDS},
                       {**ACTION_KINDS, **HEALTH_ACTION_KINDS, **DRAIN_ACTION_KINDS,
-                       **BUDGET_ACTION_KINDS})
+                       **BUDGET_ACTION_KINDS, **QUARANTINE_ACTION_KINDS})
 
 
 def _builtin() -> Vocabulary:

@@ -317,6 +317,9 @@ _IMPLIED = Path(__file__).parent / "specs" / "bad" / "policy_rule_implied.yaml"
      "{restarts_in_window_at_least: {count: 3, window: 10m}}", False),
     ("{consecutive_failures_at_least: {count: 2, min_uptime: 1m}}",
      "{consecutive_failures_at_least: {count: 2, min_uptime: 30s}}", True),
+    ("{own_failures_at_least: 2}", "{own_failures_at_least: 3}", True),
+    ("{own_failures_at_least: 3}", "{own_failures_at_least: 2}", False),
+    ("{own_failures_at_least: 0}", "{own_failures_at_least: 3}", False),  # 0: never, shadows none
     ("{exit_code_not_in: [3]}", "{exit_code_not_in: [3]}", False),  # no knowledge: silent
 ])
 def test_a_rule_implied_by_an_earlier_one_is_reported(first: str, second: str,

@@ -370,13 +370,21 @@ class TorchDriver:
     def check_health(self, check: HealthCheck) -> CheckResult:
         """Run a node health check (a spec guard); the result goes to the trace's diagnostics and,
         if it failed, is the reason ``leave_job`` gives."""
+        job = self.job
         result = check.run(store=_rendezvous_store(self.worker_group.spec.rdzv_handler),
-                           slate=getattr(self.agent, "_fsm_slate_reason", None))
+                           slate=getattr(self.agent, "_fsm_slate_reason", None),
+                           quarantined=job.quarantine_mark if job is not None else None)
         self._health.append(result)
         note = getattr(self.agent, "_fsm_note_health", None)
         if note is not None:
             note(result)
         return result
+
+    def quarantine(self, reason: str) -> None:
+        """Mark this node quarantined on the job's store (``fsm_agent._quarantine``); a node
+        without a job of several agents has nowhere to mark it, and simply leaves."""
+        if self.job is not None:
+            self.job.quarantine(reason)
 
     def health_reason(self) -> str | None:
         """``check: reason`` of the last health check that failed, if any."""

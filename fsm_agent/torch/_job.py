@@ -48,8 +48,8 @@ from fsm_agent._job import (
 )
 from fsm_agent.torch._bounded import StoreCalls, StoreUnresponsive, bound_backend, timeout_of
 
-__all__ = ["JOB_FAILED", "STORE_ERRORS", "AgentJob", "JobFailed", "RendezvousStoreLost", "round_of",
-           "store_of"]
+__all__ = ["JOB_FAILED", "STORE_ERRORS", "AgentJob", "JobFailed", "RendezvousStoreLost",
+           "node_identity", "round_of", "store_of"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -80,6 +80,16 @@ def store_of(handler: Any) -> Store | None:
     return etcd_job_store(handler)
 
 
+def node_identity(handler: Any) -> str:
+    """The machine's name in the job's quarantine marks: the address of the node's rendezvous
+    descriptor (torch's ``local_addr``, ``--local-addr``, or else the host's FQDN, as torch's
+    ``_NodeDescGenerator`` takes it). Not the descriptor itself: its pid and local id name the
+    agent process, and an agent a scheduler starts again on the same machine must read the
+    mark."""
+    addr = getattr(getattr(handler, "_this_node", None), "addr", None)
+    return addr if isinstance(addr, str) and addr else socket.getfqdn()
+
+
 def round_of(handler: Any, store: Any = None) -> str | None:
     """The rendezvous round the handler last joined: c10d and etcd-v2 keep it in their state;
     the etcd (v1) rendezvous in the version its round's ``store`` lives under."""
@@ -93,9 +103,12 @@ def round_of(handler: Any, store: Any = None) -> str | None:
 class AgentJob:
     """One agent's part in the job-wide protocol: its channel, and what it has learnt."""
 
-    def __init__(self, channel: JobChannel, *, role: str = "default") -> None:
+    def __init__(self, channel: JobChannel, *, role: str = "default",
+                 identity: str | None = None) -> None:
         self.channel = channel
         self.role = role
+        #: This node's name in quarantine marks: the machine, which outlives the agent process.
+        self.identity = identity or socket.getfqdn()
         #: The outcome this agent ends with when the store became unreachable.
         self.lost: JobOutcome | None = None
         self.round_id: str | None = None
@@ -130,7 +143,27 @@ class AgentJob:
             calls = StoreCalls(timeout)
             bound_backend(handler, calls)
             store = calls.wrap(store)
-        return cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role)
+        return cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role,
+                   identity=node_identity(handler))
+
+    # -- quarantine (fsm_agent._quarantine) ----------------------------------------------------
+
+    def quarantine(self, reason: str) -> None:
+        """Mark this node quarantined for the rest of the job (a store error is logged: the
+        node leaves anyway)."""
+        try:
+            self.channel.quarantine(self.identity, reason)
+        except STORE_ERRORS as e:
+            logger.error("[%s] could not write the quarantine mark of node %s: %s", self.role,
+                         self.identity, e)
+
+    def quarantine_mark(self) -> str | None:
+        """Why this node is quarantined in the job, None if it is not (or the store cannot
+        say: the health check ``store_reachable`` is the one that judges the store)."""
+        try:
+            return self.channel.quarantined(self.identity)
+        except STORE_ERRORS:
+            return None
 
     # -- what the agent asks while it waits ---------------------------------------------------
 

@@ -82,18 +82,22 @@ def test_resilient_policy_is_one_choice_point_with_numbered_rules() -> None:
             "!has_node_replacements_restarts_left] / announce_failure, stop_workers") in edges
     assert ("failure_policy --> FAILED : 2. no_retry [no_retry_exit] / no_requeue, "
             "announce_failure, stop_workers") in edges
-    assert ("failure_policy --> FAILED : 3. no_progress [stalled] / no_requeue, "
+    # a node whose own workers failed quarantine_after times leaves the job
+    assert ("failure_policy --> QUARANTINED : 3. quarantine [quarantine_due] / stop_workers"
+            ) in edges
+    assert ("failure_policy --> FAILED : 4. no_progress [stalled] / no_requeue, "
             "announce_failure, stop_workers") in edges
     # a rule with a budget of its own splits on that budget's guard and spends its action
-    assert ("failure_policy --> BACKOFF : 4. infra [infra_exit & has_infra_restarts_left] / "
-            "consume_infra_restart, stop_workers") in edges
-    assert ("failure_policy --> FAILED : 4. infra [infra_exit & !has_infra_restarts_left] / "
+    # (a restart after a backoff counts a failure of this node's own workers)
+    assert ("failure_policy --> BACKOFF : 5. infra [infra_exit & has_infra_restarts_left] / "
+            "count_own_failure, consume_infra_restart, stop_workers") in edges
+    assert ("failure_policy --> FAILED : 5. infra [infra_exit & !has_infra_restarts_left] / "
             "announce_failure, stop_workers") in edges
-    assert ("failure_policy --> BACKOFF : 5. retry [has_restarts_left] / consume_restart, "
+    assert ("failure_policy --> BACKOFF : 6. retry [has_restarts_left] / count_own_failure, "
+            "consume_restart, stop_workers") in edges
+    assert ("failure_policy --> FAILED : 6. retry [!has_restarts_left] / announce_failure, "
             "stop_workers") in edges
-    assert ("failure_policy --> FAILED : 5. retry [!has_restarts_left] / announce_failure, "
-            "stop_workers") in edges
-    # The compiled transitions are drawn as ten edges, none straight from a source.
+    # The compiled transitions are drawn as eleven edges, none straight from a source.
     # (HEALTHY's other ways to FAILED are job_failed, another agent of the job gave up, and a
     # lost node noticed on a healthy tick with node_replacements spent: spec transitions.)
     assert sorted(e for e in edges if e.startswith((
@@ -102,7 +106,7 @@ def test_resilient_policy_is_one_choice_point_with_numbered_rules() -> None:
         "HEALTHY --> FAILED : healthy [peer_lost & !has_node_replacements_restarts_left] / "
         "announce_failure, stop_workers",
         "HEALTHY --> FAILED : job_failed / stop_workers"]
-    assert len([e for e in edges if "failure_policy" in e]) == 10
+    assert len([e for e in edges if "failure_policy" in e]) == 11
 
 
 def test_resilient_states_show_their_timer_and_reported_state() -> None:
@@ -162,13 +166,15 @@ def test_dot_of_resilient() -> None:
         ("FAILED", "1. peer_lost [peer_lost & !has_node_replacements_restarts_left]\\n"
                    "/ announce_failure, stop_workers"),
         ("FAILED", "2. no_retry [no_retry_exit]\\n/ no_requeue, announce_failure, stop_workers"),
-        ("FAILED", "3. no_progress [stalled]\\n/ no_requeue, announce_failure, stop_workers"),
-        ("BACKOFF", "4. infra [infra_exit & has_infra_restarts_left]\\n/ consume_infra_restart, "
-                    "stop_workers"),
-        ("FAILED", "4. infra [infra_exit & !has_infra_restarts_left]\\n/ announce_failure, "
+        ("QUARANTINED", "3. quarantine [quarantine_due]\\n/ stop_workers"),
+        ("FAILED", "4. no_progress [stalled]\\n/ no_requeue, announce_failure, stop_workers"),
+        ("BACKOFF", "5. infra [infra_exit & has_infra_restarts_left]\\n/ count_own_failure, "
+                    "consume_infra_restart, stop_workers"),
+        ("FAILED", "5. infra [infra_exit & !has_infra_restarts_left]\\n/ announce_failure, "
                    "stop_workers"),
-        ("BACKOFF", "5. retry [has_restarts_left]\\n/ consume_restart, stop_workers"),
-        ("FAILED", "5. retry [!has_restarts_left]\\n/ announce_failure, stop_workers"),
+        ("BACKOFF", "6. retry [has_restarts_left]\\n/ count_own_failure, consume_restart, "
+                    "stop_workers"),
+        ("FAILED", "6. retry [!has_restarts_left]\\n/ announce_failure, stop_workers"),
     }
     assert {(e[0], e.attr["label"]) for e in graph.in_edges("failure_policy")} == {
         ("HEALTHY", "failed"), ("UNHEALTHY", "always")}
@@ -223,11 +229,11 @@ def test_trace_highlights_rule_and_timeout_edges(tmp_path: Path, capsys) -> None
     # failed twice from HEALTHY, always once from UNHEALTHY; the rule edges add up across both.
     assert "HEALTHY --> failure_policy : failed ✔ 2×" in edges
     assert "UNHEALTHY --> failure_policy : always ✔ 1×" in edges
-    assert ("failure_policy --> BACKOFF : 5. retry [has_restarts_left] / consume_restart, "
-            "stop_workers ✔ 2×") in edges
+    assert ("failure_policy --> BACKOFF : 6. retry [has_restarts_left] / count_own_failure, "
+            "consume_restart, stop_workers ✔ 2×") in edges
     assert ("failure_policy --> FAILED : 2. no_retry [no_retry_exit] / no_requeue, "
             "announce_failure, stop_workers ✔ 1×") in edges
-    assert ("failure_policy --> FAILED : 5. retry [!has_restarts_left] / announce_failure, "
+    assert ("failure_policy --> FAILED : 6. retry [!has_restarts_left] / announce_failure, "
             "stop_workers") in edges
     assert "BACKOFF --> HEALTHY : timeout [node_healthy] / rendezvous, start_workers ✔ 2×" in edges
     # The legend shows the values the run used, from the trace's header.

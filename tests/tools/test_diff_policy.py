@@ -27,7 +27,7 @@ WITH_CRASH_LOOP = (
     RESILIENT.replace("guards:\n  no_retry_exit:", "guards:\n  crash_loop:\n"
                       "    consecutive_failures_at_least: {count: 3, min_uptime: 1m}\n"
                       "  no_retry_exit:", 1)
-    .replace("    - name: no_progress\n", CRASH_LOOP + "    - name: no_progress\n", 1))
+    .replace("    - name: quarantine\n", CRASH_LOOP + "    - name: quarantine\n", 1))
 
 
 def derived(*edits: tuple[str, str], base: str = RESILIENT, name: str = "derived"):
@@ -82,9 +82,9 @@ def test_rules_reordered_renamed_and_their_condition_changed() -> None:
         base=WITH_CRASH_LOOP)
     assert changes(base, swapped) == [
         ("changed", "policy", "failure_policy",
-         ("rules reordered: peer_lost, no_retry, crash_loop, no_progress, infra, retry -> "
-          "peer_lost, crash_loop, no_retry, no_progress, infra, retry (the first rule that "
-          "matches decides)",)),
+         ("rules reordered: peer_lost, no_retry, crash_loop, quarantine, no_progress, infra, "
+          "retry -> peer_lost, crash_loop, no_retry, quarantine, no_progress, infra, retry (the "
+          "first rule that matches decides)",)),
     ]
     renamed = derived(("    - name: crash_loop\n", "    - name: looping\n"),
                       base=WITH_CRASH_LOOP)
@@ -205,12 +205,13 @@ def test_torchrun_against_resilient_compares_the_table_edge_by_edge() -> None:
         "stop_workers), spending budget node_replacements",
         "rule 2: when no_retry_exit then give_up_no_requeue (to FAILED / no_requeue, "
         "announce_failure, stop_workers)",
-        "rule 3: when stalled then give_up_no_requeue (to FAILED / no_requeue, "
+        "rule 3: when quarantine_due then quarantine (to QUARANTINED / stop_workers)",
+        "rule 4: when stalled then give_up_no_requeue (to FAILED / no_requeue, "
         "announce_failure, stop_workers)",
-        "rule 4: when infra_exit then restart_after_backoff (to BACKOFF / consume_infra_restart, "
-        "stop_workers), spending budget infra",
-        "rule 5: when any failure then restart_after_backoff (to BACKOFF / consume_restart, "
-        "stop_workers)")
+        "rule 5: when infra_exit then restart_after_backoff (to BACKOFF / count_own_failure, "
+        "consume_infra_restart, stop_workers), spending budget infra",
+        "rule 6: when any failure then restart_after_backoff (to BACKOFF / count_own_failure, "
+        "consume_restart, stop_workers)")
     (backoff,) = [c for c in d.changes if (c.element, c.name) == ("state", "BACKOFF")]
     assert backoff.kind == "added" and backoff.details[0] == "reports STOPPED"
     text = format_diff(d)

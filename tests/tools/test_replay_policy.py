@@ -76,7 +76,7 @@ def test_crash_loop_records_rules_and_the_backoff_sequence(tmp_path: Path) -> No
                                 "infra_exit_codes": "[]", "infra_restarts": "3",
                                 "backoff_reset_on_progress": "false",
                                 "stable_slots": "true", "node_replacements": "inf",
-                                "clean_slate_timeout": "10s"}
+                                "clean_slate_timeout": "10s", "quarantine_after": "3"}
     recs = steps(path)
     failed = [r for r in recs if r["trigger"] == "failed"]
     assert [(r["dest"], r["rule"]) for r in failed] == [("BACKOFF", "retry")] * 3 + [
@@ -177,7 +177,7 @@ def test_wrong_rule_is_rejected(tmp_path: Path) -> None:
     rule_line = load_spec("resilient").outgoing("HEALTHY", "failed")[-1].line
     assert res.divergence.message.endswith(
         "the trace says rule 'no_retry' decided, but with peer_lost=False, no_retry_exit=False, "
-        "stalled=False, "
+        "quarantine_due=False, stalled=False, "
         f"infra_exit=False, has_restarts_left=True the spec's rule 'retry' (line {rule_line}) "
         "decides")
     # A rule named on a plain transition, and none named on a rule's.
