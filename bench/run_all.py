@@ -630,10 +630,12 @@ def render_store(results: dict[str, Any], add: Callable[[str], None]) -> None:
         add("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in scale["rows"]:
             storm = max((s["s"] for s in r["storm"]), default=None)
+            storm_cpu = max((s["host_cpu_s"] for s in r["storm"]), default=0.0)
             add(f"| {r['agents']:,} | {r['mode']} | {r['procs']} | {r['req_per_s']:.1f} | "
                 f"{r['req_per_agent_s']:.3f} | {100 * r['host_cpu']:.1f}% | "
                 f"{ms(r.get('learn_p50'))} | {ms(r.get('learn_p99'))} | "
-                f"{ms(r.get('learn_max'))} | {r['learnt']}/{r['agents']} | {ms(storm)} | "
+                f"{ms(r.get('learn_max'))} | {r['learnt']}/{r['agents']} | {ms(storm)} "
+                f"({storm_cpu:.2f} s host CPU) | "
                 f"{'exact' if r['ledger_exact'] else r['ledger']} |")
         add("")
 

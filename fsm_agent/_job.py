@@ -7,8 +7,10 @@ a ``TCPStore`` hosted by one of the agents. :class:`JobChannel` adds a few keys 
 ``outcome``
     The job's outcome once an agent gave up: written with ``compare_set`` on the absent key, so
     the first announcement wins and every agent reads the same one (JSON: exit code, node,
-    reason). Agents poll for it wherever they wait (:meth:`JobChannel.poll`, at most every
-    ``poll_interval``); an agent that reads it stops its workers and ends with the same outcome.
+    reason). Agents learn it wherever they wait (:meth:`JobChannel.poll`): from their
+    :class:`OutcomeWatch` (no request while nothing happens), or without one by a look at the
+    store at most every ``poll_interval``; an agent that reads it stops its workers and ends
+    with the same outcome.
 ``acks``
     A counter (``store.add``): every agent adds 1 when it learns the outcome. The agents wait
     (boundedly) until everyone of the last round has, so that the agent hosting the store does
