@@ -345,7 +345,16 @@ class OutcomeWatch:
 
     def _run(self) -> None:
         try:
-            self._watch(self._connect())
+            conn = self._connect()
+        except Exception as e:
+            # no second connection (a file limit, say): not the store's loss, which the
+            # agent's own calls would see; the channel polls as it would without a watch
+            self.armed.set()
+            logger.warning("job watch: no connection of its own to the store (%s: %s); "
+                           "polling it instead", type(e).__name__, e)
+            return
+        try:
+            self._watch(conn)
         except Exception as e:  # the connection failed: the store's host is gone
             self.armed.set()
             if not self._stopping:

@@ -198,3 +198,21 @@ def test_a_memory_store_wait_blocks_until_the_key_is_set_and_times_out() -> None
     store.close()
     with pytest.raises(ConnectionError):
         store.wait(["k"])
+
+
+def test_a_watch_that_cannot_connect_leaves_the_channel_polling() -> None:
+    # no second connection is not the store's loss: the agent polls, as without a watch
+    store = MemoryStore()
+
+    def refuse() -> Any:
+        raise OSError(24, "Too many open files")
+
+    channel = JobChannel(store, "nofd", "node0", poll_interval=0.0)
+    watch = channel.watch(refuse)
+    assert watch.armed.wait(30)
+    watch.stop()
+    assert watch.error is None and channel.watching is None
+    assert channel.poll() is None
+    JobChannel(store, "nofd", "node1").announce(5, "failed")
+    outcome = channel.poll()
+    assert outcome is not None and outcome.exit_code == 5
