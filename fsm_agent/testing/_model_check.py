@@ -61,6 +61,8 @@ _MODEL_ACTIONS = {
     "raise_failure": (),
     "raise_invalid_state": (),
     "capture_stacks": (),
+    # quarantine's count of the node's own failures: local to the agent, no store operation
+    "count_own_failure": (),
     # a drain (fsm_agent._drain): the workers end as the drain says; raise_preempted only ends
     "kill_workers": ("kill_workers",),
     "raise_preempted": (),
@@ -79,6 +81,9 @@ _KIND_GUARDS = {"budget_left": "has_restarts_left"}
 _CODE_KIND = "set_exit_code"
 # A node that leaves the job (a failed health check): it neither fails the job nor reports.
 _LEAVE_KIND = "leave_job"
+# Kinds that leave as it does: a quarantined node (its mark, and that it never rejoins, are
+# specs/model/Membership.tla's; to the job protocol it leaves as a failed health check does).
+_LEAVING_KINDS = frozenset({_LEAVE_KIND, "quarantine_node"})
 
 
 class ModelError(Exception):
@@ -139,7 +144,7 @@ def _code_actions(spec: Spec) -> dict[str, str]:
 
 
 def _leaving(spec: Spec) -> set[str]:
-    return {d.name for d in spec.action_defs if d.kind == _LEAVE_KIND}
+    return {d.name for d in spec.action_defs if d.kind in _LEAVING_KINDS}
 
 
 def _model_actions(spec: Spec, names: Sequence[str], where: str) -> list[str]:
