@@ -28,7 +28,7 @@ import select
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _MAX_MESSAGE = 1 << 20
@@ -109,11 +109,18 @@ def take_prestarted(interpreter: str, flags: Sequence[str], modules: Sequence[st
     if held is None:
         return None
     key, env, proc, sock, started = held
-    now = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
-    if key != (interpreter, tuple(flags), tuple(modules), tuple(main)) or env != now:
+    # Both sides without the agent's own variables: the early template inherited them from
+    # the agent's caller if it exported them (a shell, or a program that ran torch's launcher
+    # in its own process before), and the agent may have set them since.
+    if key != (interpreter, tuple(flags), tuple(modules), tuple(main)) or \
+            _template_env(env) != _template_env(os.environ):
         _end(proc, sock)
         return None
     return proc, sock, started
+
+
+def _template_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k not in AGENT_ONLY_ENV}
 
 
 def discard_prestarted() -> None:

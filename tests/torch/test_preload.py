@@ -336,6 +336,20 @@ def test_a_forked_workers_fast_exit_loses_no_redirected_or_teed_output(jobs: Job
 
 
 @pytest.mark.timeout(90)
+def test_the_early_template_serves_when_the_caller_exported_an_agent_variable(jobs: Jobs) -> None:
+    # TORCHELASTIC_SIGNALS_TO_HANDLE is the agent's own (torch's launcher sets it): a caller
+    # that exported it, or that ran torch's launcher in its own process before, must not cost
+    # the agent the template `fsm-agent run` launched before it imported torch.
+    job = jobs.start(["--standalone", "--nproc-per-node", "2", *FAST, "--preload", "json"],
+                     WORKER, env={"SCRIPT_MODE": "ok",
+                                  "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT"})
+    assert job.wait(60) == 0, job.output[-3000:]
+    assert "--preload json: template pid" in job.output, job.output
+    assert "importing since the agent started" in job.output, job.output
+    assert len(job.records("attempt0_rank*.json")) == 2
+
+
+@pytest.mark.timeout(90)
 def test_a_template_launched_for_a_wrong_guess_of_the_script_is_ended(jobs: Jobs) -> None:
     # `fsm-agent run` guesses the script without torch's parser, to launch the template before
     # it imports torch: here the first existing .py file on the command line is an option's
