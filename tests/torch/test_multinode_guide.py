@@ -64,10 +64,12 @@ def test_elastic_a_node_joins_then_fails(jobs: Jobs, tmp_path: Path) -> None:
     # a node joins: a membership restart, not counted
     b = _start(jobs, second, "t2")
     a.wait_output("world_size=4", 90)
-    b.wait_output("[rank 2] epoch", 90)
+    # which node gets ranks 0-1 is torch's choice (its rendezvous sorts the nodes by their
+    # descriptors, pids included), not the order they came in
+    b.wait_output("] epoch", 90)
     assert "nodes waiting to join; restarting the worker group" in a.output
     assert "worker group FAILED" not in a.output
-    assert re.search(r"\[rank 0\] attempt 0: world_size=4, resuming at epoch \d+", a.output)
+    assert re.search(r"\[rank \d\] attempt 0: world_size=4, resuming at epoch \d+", a.output)
 
     # it fails (Ctrl-C): the other node restarts, counted, and finishes alone
     b.proc.send_signal(signal.SIGINT)
