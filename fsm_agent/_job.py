@@ -75,6 +75,8 @@ LINGER_TIMEOUT = 10.0
 _PREFIX = "fsm_agent/job"
 #: The longest announced reason an agent reads (the rest is cut off).
 MAX_REASON = 2000
+#: How often ``announce`` replaces a refused announcement before it stops trying.
+_REPLACE_ATTEMPTS = 3
 
 
 @runtime_checkable
@@ -281,9 +283,14 @@ class JobChannel:
         poll_interval: float = POLL_INTERVAL,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        vet: Callable[[JobOutcome], bool] | None = None,
     ) -> None:
         self.store = store
         self.node = node
+        #: Whether an announcement read from the store is to be believed (its announcer is one
+        #: of the job's nodes); a refused one is read again at the next poll, and replaced by
+        #: this agent's own announcement. None: every announcement is.
+        self.vet = vet
         self.poll_interval = poll_interval
         self._clock = clock
         self._wall = wall
@@ -314,10 +321,16 @@ class JobChannel:
             return self._outcome
         mine = JobOutcome(exit_code=int(exit_code), node=self.node, reason=reason,
                           outcome=outcome)
-        held = self.store.compare_set(self.outcome_key, "", mine.encode())
-        self._learn(JobOutcome.decode(held))
-        assert self._outcome is not None
-        return self._outcome
+        expected: str | bytes = ""
+        for _ in range(_REPLACE_ATTEMPTS):
+            held = self.store.compare_set(self.outcome_key, expected, mine.encode())
+            if self._learn(JobOutcome.decode(held)):
+                assert self._outcome is not None
+                return self._outcome
+            expected = held  # a refused announcement holds the key: replace exactly it
+        self._outcome = mine  # a writer keeps replacing it: this agent still ends as it decided
+        self.ack()
+        return mine
 
     def poll(self, *, force: bool = False) -> JobOutcome | None:
         """The outcome if it has been announced; looks at the store at most every
@@ -333,9 +346,12 @@ class JobChannel:
         self._learn(JobOutcome.decode(self.store.get(self.outcome_key)))
         return self._outcome
 
-    def _learn(self, outcome: JobOutcome) -> None:
+    def _learn(self, outcome: JobOutcome) -> bool:
+        if self.vet is not None and outcome.node != self.node and not self.vet(outcome):
+            return False
         self._outcome = outcome
         self.ack()
+        return True
 
     def ack(self) -> None:
         """Tell the others this agent has read the outcome (once)."""

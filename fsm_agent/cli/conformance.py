@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +83,22 @@ def load_target(ref: str) -> Any:
     return import_ref(ref, "TARGET", "mypkg.agent:MyAgent")
 
 
+def _reproduction(args: argparse.Namespace, seed: int) -> str:
+    """The command line that runs the same search again: every option that changes which
+    scripts are drawn, how they run or how the spec loads, quoted for a POSIX shell."""
+    argv = [args.target, "--spec", args.spec]
+    for param in args.spec_params or ():
+        argv += ["--spec-param", param]
+    for option in ("driver", "vocabulary"):
+        value = getattr(args, option, None)
+        if value is not None:
+            argv += [f"--{option}", value]
+    argv += ["--examples", str(args.examples), "--seed", str(seed)]
+    if args.stateful:
+        argv.append("--stateful")
+    return " ".join([PROG, *map(shlex.quote, argv)])
+
+
 def _conformance(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -131,12 +148,7 @@ def _conformance(argv: list[str]) -> int:
                         seed=seed, stateful=args.stateful, params=fixed, driver=driver)
     except ConformanceFailure as e:
         print(f"\nCOUNTEREXAMPLE ({how}):\n{e}\n")
-        given = "".join(f" --spec-param {p}" for p in args.spec_params)
-        if args.driver is not None:
-            given += f" --driver {args.driver}"
-        again = (f"{PROG} {args.target} --spec {args.spec}{given} --examples {args.examples} "
-                 f"--seed {seed}")
-        print(f"reproduce with: {again}")
+        print(f"reproduce with: {_reproduction(args, seed)}")
         return FAILED
     except (HarnessError, HypothesisException) as e:
         # A target the kit cannot script (HarnessError: a hook, type or constructor argument it

@@ -1524,14 +1524,25 @@ _PLAIN_FIELDS = ("fault", "barrier", "nodes_waiting", "errors", "exitcodes", "el
                  "preempt", "drain", "step")
 
 
+def _plainer(field: str, value: Any) -> tuple[Any, ...]:
+    """The values ``simplify`` tries for a tick's ``field``, plainest first: the default, and
+    for nodes waiting every smaller count (hypothesis can stop at 2 where 1 shows the bug)."""
+    plain = getattr(_PLAIN_TICK, field)
+    if value == plain:
+        return ()
+    if field == "nodes_waiting":
+        return tuple(range(plain, value))
+    return (plain,)
+
+
 def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
              config: RunConfig, script: Sequence[Tick], *,
              window: Callable[[RunConfig], float] = _never,
              keep: Sequence[str] = ()) -> tuple[RunConfig, tuple[Tick, ...]]:
     """Make a failing script plainer while it still fails: each tick's fault, barrier outcome,
-    nodes waiting, failure details, elapsed time, random draw, preemption and step back to the
-    default, one at a time, then each drawn parameter (not those in ``keep``, fixed by the
-    caller) back to its default (a few runs).
+    nodes waiting (0, else the fewest that still fail), failure details, elapsed time, random
+    draw, preemption and step back to the default, one at a time, then each drawn parameter
+    (not those in ``keep``, fixed by the caller) back to its default (a few runs).
 
     hypothesis draws a tick as one index into every combination, which it shrinks well towards
     fewer faults but can leave, say, a barrier error beside the FAILED the bug is about: the
@@ -1550,12 +1561,13 @@ def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
         config = attrs.evolve(config, init_fault=None)
     for i in range(len(ticks_)):
         for field in _PLAIN_FIELDS:
-            plain = getattr(_PLAIN_TICK, field)
-            if getattr(ticks_[i], field) == plain:
-                continue
-            candidate = (*ticks_[:i], attrs.evolve(ticks_[i], **{field: plain}), *ticks_[i + 1:])
-            if fails(config, candidate):
-                ticks_ = candidate
+            value = getattr(ticks_[i], field)
+            for plain in _plainer(field, value):
+                candidate = (*ticks_[:i], attrs.evolve(ticks_[i], **{field: plain}),
+                             *ticks_[i + 1:])
+                if fails(config, candidate):
+                    ticks_ = candidate
+                    break
     for name, _ in config.params:
         if name in keep:
             continue

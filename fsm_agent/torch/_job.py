@@ -100,6 +100,30 @@ def round_of(handler: Any, store: Any = None) -> str | None:
     return round_of_store(store) if rnd is None else str(rnd)
 
 
+def _members(handler: Any) -> set[str] | None:
+    """torch's names (``addr_pid_localid``) of the nodes in the c10d rendezvous state the
+    handler last read: participants, waiting and redundant ones; None without such a state."""
+    holder: Any = getattr(handler, "_state_holder", None)
+    if not hasattr(getattr(holder, "state", None), "participants"):
+        return None
+    lock = getattr(handler, "_heartbeat_lock", None)
+    # the keep-alive thread updates the state under this lock; never wait long for it
+    locked = lock is not None and lock.acquire(timeout=1.0)
+    try:
+        for _ in range(3):
+            state = holder.state
+            try:
+                nodes = [*state.participants, *getattr(state, "wait_list", ()),
+                         *getattr(state, "redundancy_list", ())]
+                return {repr(n) for n in nodes}
+            except RuntimeError:  # changed size while read, without the lock
+                continue
+        return set()
+    finally:
+        if locked and lock is not None:
+            lock.release()
+
+
 class AgentJob:
     """One agent's part in the job-wide protocol: its channel, and what it has learnt."""
 
@@ -111,7 +135,7 @@ class AgentJob:
         self.identity = identity or socket.getfqdn()
         #: The outcome this agent ends with when the store became unreachable.
         self.lost: JobOutcome | None = None
-        self.round_id: str | None = None
+        self._round_id: str | None = None
         self.announced_here = False
         self._count_read = -math.inf
         #: Called once the job's outcome is in the store (the torch driver releases the exit
@@ -120,6 +144,37 @@ class AgentJob:
         #: The trigger a preemption announcement interrupts a rendezvous with, when the spec
         #: handles preemption (``preempted``); otherwise the job simply failed.
         self.preempted_trigger: str | None = None
+        #: The c10d handler whose rendezvous state says who may announce (None: anyone).
+        self._handler: Any = None
+        #: Every node this agent has seen in the rendezvous state: an agent that announced and
+        #: left (its heartbeat expired, torch dropped it) still counts.
+        self._seen: set[str] = set()
+        self._refused: set[JobOutcome] = set()
+
+    @property
+    def round_id(self) -> str | None:
+        """The rendezvous round this agent last joined (set after each rendezvous)."""
+        return self._round_id
+
+    @round_id.setter
+    def round_id(self, value: str | None) -> None:
+        self._round_id = value
+        if self._handler is not None:  # the round's nodes may announce, even once gone
+            self._seen |= _members(self._handler) or set()
+
+    def _vet(self, outcome: JobOutcome) -> bool:
+        """Whether ``outcome``'s announcer is a node of this rendezvous (a participant, waiting
+        or redundant, now or earlier); warns once per refused announcement."""
+        self._seen |= _members(self._handler) or set()
+        if outcome.node in self._seen:
+            return True
+        if outcome not in self._refused:
+            self._refused.add(outcome)
+            logger.warning(
+                "[%s] ignoring an outcome announced on the rendezvous store by %s, which is no "
+                "node of this rendezvous (a client of the store that is not an agent of the job, "
+                "or a stale run id): %s", self.role, outcome.node, outcome.describe())
+        return False
 
     @classmethod
     def for_handler(cls, handler: Any, *, role: str, node: str | None = None,
@@ -136,15 +191,23 @@ class AgentJob:
             run_id = str(handler.get_run_id())
         except Exception:  # a handler without a run id: no job to share
             return None
-        node = node or f"{socket.gethostname()}:{os.getpid()}"
+        this_node = getattr(handler, "_this_node", None)
+        # torch's name for this node in the rendezvous state, so that the others can tell it
+        # is one of theirs
+        node = node or (repr(this_node) if this_node is not None
+                        else f"{socket.gethostname()}:{os.getpid()}")
         timeout = timeout_of(store)
         if timeout is not None:
             # every store call ends within the store's timeout (fsm_agent.torch._bounded)
             calls = StoreCalls(timeout)
             bound_backend(handler, calls)
             store = calls.wrap(store)
-        return cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role,
-                   identity=node_identity(handler))
+        job = cls(JobChannel(store, run_id, node, poll_interval=poll_interval), role=role,
+                  identity=node_identity(handler))
+        if _members(handler) is not None:
+            job._handler = handler
+            job.channel.vet = job._vet
+        return job
 
     # -- quarantine (fsm_agent._quarantine) ----------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,21 @@ def test_counterexample_exits_one_with_table_and_reproduction(
     assert "tick  | observed" in out and "<-- differs" in out
     assert f"reproduce with: fsm-agent conformance {MUTANTS}:OffByOneMaxRestarts --spec " \
            "torchrun --examples 300 --seed 5" in out
+
+
+def test_the_reproduction_line_reproduces_a_stateful_search(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 25: the line dropped --stateful, so it ran the other mode's search (other scripts,
+    # another counterexample, or none).
+    argv = [f"{MUTANTS}:OffByOneMaxRestarts", "--spec", "torchrun", "--examples", "60",
+            "--seed", "7", "--stateful"]
+    assert main(argv) == 1
+    first = capsys.readouterr().out
+    line = next(x for x in first.splitlines() if x.startswith("reproduce with: "))
+    again = shlex.split(line.removeprefix("reproduce with: "))
+    assert again[:2] == ["fsm-agent", "conformance"] and "--stateful" in again
+    assert main(again[2:]) == 1
+    assert capsys.readouterr().out == first
 
 
 def test_factory_target(capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,7 +139,7 @@ def test_resilient_counterexample_reproduces_with_its_parameters(
     assert "no_retry_exit_codes=[3]" in out  # the run's parameters, in the table's header
     assert "exit code 93" in out
     assert (f"reproduce with: fsm-agent conformance {RESILIENT}:ignores_no_retry_codes --spec "
-            "resilient --spec-param no_retry_exit_codes=[3] --examples 300 --seed 1") in out
+            "resilient --spec-param 'no_retry_exit_codes=[3]' --examples 300 --seed 1") in out
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,13 @@ from fsm_agent.testing._conformance import (
     ConformanceFailure,
     HarnessError,
     SupervisorConformance,
+    _oracle,
     check_script,
     conformance_machine,
     default_settings,
     run_conformance,
     run_script,
+    simplify,
 )
 from fsm_agent.testing._strategies import RunConfig, Tick
 from fsm_agent.torch import LifecycleAgentMixin
@@ -220,3 +222,12 @@ def test_a_harness_error_met_mid_search_also_ends_the_stateful_search() -> None:
     with pytest.raises(HarnessError, match=re.escape(message)):
         run_conformance(target, spec="torchrun", settings=settings(REJECT, stateful_step_count=6),
                         seed=0, stateful=True)
+
+
+def test_simplify_keeps_the_fewest_nodes_waiting_that_still_fail() -> None:
+    # Issue 25: a shrunk table showed "nodes waiting 2" where 1 shows the same bug (the plain
+    # value, 0, hides it, and nothing tried 1).
+    config = RunConfig(max_restarts=0)
+    script = (Tick("HEALTHY", nodes_waiting=2), Tick("FAILED"))
+    _, plain = simplify(mutants.CountsMembershipRestarts, _oracle("torchrun"), config, script)
+    assert [t.nodes_waiting for t in plain] == [1, 0]

@@ -65,6 +65,21 @@ def _channels(store: object, n: int) -> list[JobChannel]:
     return [JobChannel(store, "job1", f"node{i}", poll_interval=0.0) for i in range(n)]  # type: ignore[arg-type]
 
 
+def test_a_refused_announcement_is_ignored_and_replaced_by_a_real_one(store: object) -> None:
+    # What the torch agent's vet refuses (an announcer that is no node of the rendezvous) holds
+    # the outcome key, but ends nobody, and the first real announcement takes its place.
+    a, b = _channels(store, 2)
+    for channel in (a, b):
+        channel.vet = lambda outcome: outcome.node.startswith("node")
+    forged = JobOutcome(exit_code=7, node="intruder", reason="forged")
+    store.compare_set(a.outcome_key, "", forged.encode())  # type: ignore[attr-defined]
+    assert a.poll() is None and b.poll() is None
+    won = b.announce(3, "no retry")
+    assert won == JobOutcome(exit_code=3, node="node1", reason="no retry")
+    assert a.poll() == won and a.announce(1, "too late") == won
+    assert a.acks() == 2
+
+
 def test_the_first_announcement_wins_and_everyone_reads_it(store: object) -> None:
     a, b, c = _channels(store, 3)
     assert c.poll() is None

@@ -3,9 +3,11 @@ rendezvous on a loopback port, one worker each). Every agent ends with one outco
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
+import pickle
 import re
 import signal
 import time
@@ -168,6 +170,45 @@ def test_the_store_host_dying_ends_every_agent_with_a_clear_message(jobs: Jobs) 
     assert "workers stopped" in last, last
 
 
+def _a_participant(store: object, run_id: str) -> str:
+    """torch's name of a node of the rendezvous: any client of the store can read it (torch
+    keeps its rendezvous state there, pickled)."""
+    state = pickle.loads(base64.b64decode(store.get(f"torch.rendezvous.{run_id}")))  # type: ignore[attr-defined]
+    return repr(sorted(state.participants)[0])
+
+
+@pytest.mark.timeout(120)
+def test_an_announcement_by_no_node_of_the_job_is_refused_with_one_warning(jobs: Jobs) -> None:
+    # Issue 25: a foreign client of the store that writes the outcome key ended every agent.
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    args = nodes(2, "--max-restarts", "0", run_id="refused")
+    a, b = _two(jobs, args, {"SLEEP": "120"})
+    a.wait_for("start_*.json", 1, 60)
+    (worker_b,) = b.wait_for("start_*.json", 1, 60)
+    store = TCPStore("127.0.0.1", port_of(args), is_master=False,
+                     timeout=timedelta(seconds=10))
+    forged = json.dumps({"exit_code": 7, "node": "intruder", "reason": "forged"})
+    store.compare_set("fsm_agent/job/refused/outcome", "", forged)
+    refused = "ignoring an outcome announced on the rendezvous store by intruder"
+    for job in (a, b):
+        job.wait_output(refused, 30)
+    assert a.poll() is None and b.poll() is None, (a.output + b.output)[-4000:]
+    # a real announcement still works: node b's worker dies, b gives up (no restarts left) and
+    # its announcement replaces the forged one
+    os.kill(int(worker_b["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    rcs = a.wait(60), b.wait(60)
+    assert rcs == (1, 1), (a.output + b.output)[-4000:]
+    for job in (a, b):
+        assert job.output.count(refused) == 1, job.output[-4000:]
+    assert "announced to every agent" in b.output and "announced to every agent" not in a.output
+    last = a.final_message()  # a ended with b's announcement
+    assert last.startswith("fsm-agent run: the job failed:"), last
+    assert "forged" not in last and "intruder" not in last and "exit code 1" in last, last
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("code", [0, 256])
 def test_an_announced_exit_code_that_is_no_failures_still_fails_every_agent(
@@ -186,7 +227,9 @@ def test_an_announced_exit_code_that_is_no_failures_still_fails_every_agent(
                      timeout=timedelta(seconds=10))
     # ... and its words reach every agent's terminal: a control sequence in them (clear the
     # screen, turn the text red) is shown escaped, never sent to the terminal
-    forged = json.dumps({"exit_code": code, "node": "intruder\x1b[1;31m",
+    # (named after one of the job's nodes, as the rendezvous state on the same store says:
+    # announcements by anyone else are refused)
+    forged = json.dumps({"exit_code": code, "node": _a_participant(store, "forged"),
                          "reason": "\x1b[2J\x1b[1;31m" + "x" * 100_000})
     store.compare_set("fsm_agent/job/forged/outcome", "", forged)
     rcs = a.wait(60), b.wait(60)

@@ -1,0 +1,73 @@
+"""The kit on NVIDIA's ft_launcher agent: ``nvidia-resiliency-ext`` 0.4.1 from PyPI (the last
+release that vendors torch elastic, under ``fault_tolerance._torch_elastic_compat``).
+
+Installed by .ci/run with ``--no-deps`` (never touching torch), with the two pure imports its
+``fault_tolerance`` package needs, ``psutil`` and ``defusedxml``; a test tool, not a dependency.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from hypothesis import settings
+
+from fsm_agent.testing._agent_shape import agent_shape
+from fsm_agent.testing._conformance import ConformanceFailure, default_settings, run_conformance
+
+pytestmark = pytest.mark.timeout(300)
+
+REJECT = settings(default_settings(300), database=None)
+
+
+@pytest.fixture(scope="module")
+def nvrx_agent() -> type:
+    pytest.importorskip("nvidia_resiliency_ext.fault_tolerance.launcher",
+                        reason="pip install --no-deps nvidia-resiliency-ext==0.4.1 psutil "
+                               "defusedxml")
+    from importlib.metadata import version
+
+    assert version("nvidia-resiliency-ext") == "0.4.1"
+    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing import (
+        DefaultLogsSpecs,
+    )
+    from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
+    from nvidia_resiliency_ext.fault_tolerance.launcher import LocalElasticAgent
+
+    class FtLauncherAgent(LocalElasticAgent):  # type: ignore[misc]
+        """ft_launcher's agent with what its constructor needs beyond a worker spec (its
+        fault-tolerance config and logs spec: the documented thin subclass)."""
+
+        def __init__(self, spec: Any, exit_barrier_timeout: float = 300.0,
+                     log_dir: str | None = None) -> None:
+            super().__init__(spec, FaultToleranceConfig(), DefaultLogsSpecs(log_dir=log_dir),
+                             exit_barrier_timeout=exit_barrier_timeout)
+
+    return FtLauncherAgent
+
+
+def test_ft_launcher_agent_is_scripted_with_the_vendored_classes(nvrx_agent: type) -> None:
+    from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.agent.server import api
+
+    shape = agent_shape(nvrx_agent)
+    assert shape.result_types.WorkerState is api.WorkerState
+    assert shape.result_types.RunResult is api.RunResult
+    assert shape.worker_spec is api.WorkerSpec
+    compat = "nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat"
+    assert [m.__name__ for m in shape.metric_modules] == [f"{compat}.metrics.api"]
+
+
+def test_ft_launcher_gives_up_by_looking_at_stopped_workers(nvrx_agent: type) -> None:
+    # The true difference from torch 2.13's loop: on giving up, 0.4.1's any-failed policy stops
+    # the workers and then calls _monitor_workers once more, returning that result. The kit
+    # finds it and shrinks it to one failure with no restart left.
+    with pytest.raises(ConformanceFailure) as info:
+        run_conformance(nvrx_agent, spec="torchrun", settings=REJECT, seed=0)
+    text = str(info.value)
+    rows = [line.split("|") for line in text.splitlines()
+            if re.match(r"^(start|\d+) +\|", line)]
+    assert [r[0].strip() for r in rows] == ["start", "1", "2"]
+    assert rows[1][1].strip() in ("FAILED", "UNHEALTHY") and rows[1][-1].strip().endswith("stop")
+    assert rows[2][-1].strip() == "monitor  <-- differs"
+    assert "monitor() while the workers are stopped" in text
