@@ -57,7 +57,9 @@ class JobDriver(Protocol):
     ``has_job`` (optional, default True) says whether the driver is in a job of several agents
     right now; when False the lifecycle counts by itself. Quarantine (``fsm_agent._quarantine``)
     reads it the other way: only a driver that says True is in a job where another node could
-    take this one's slot.
+    take this one's slot; and it counts a failure as the node's own only when the driver's
+    optional ``failed_first()`` (default True) says this node's failure of the round reached
+    the job first (the torch driver: a ``compare_set`` on the job's store).
     """
 
     def job_restart_count(self, window: float, budget: str = "") -> int:

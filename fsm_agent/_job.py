@@ -302,6 +302,7 @@ class JobChannel:
         self.claims_prefix = f"{base}/claimed"
         self.notes_prefix = f"{base}/notes"
         self.quarantine_prefix = f"{base}/quarantined"
+        self.first_failure_prefix = f"{base}/first_failure"
         self._outcome: JobOutcome | None = None
         self._acked = False
         self._last_poll = -math.inf
@@ -408,6 +409,13 @@ class JobChannel:
         """Mark the node ``identity`` quarantined for the rest of the job."""
         value = json.dumps({"node": self.node, "reason": reason}, sort_keys=True)
         self.store.set(f"{self.quarantine_prefix}/{identity}", value)
+
+    def first_failure(self, round_id: str) -> str:
+        """The node whose failure in ``round_id`` reached the store first: this one if no
+        other's did (one ``compare_set``; the first caller's name stays)."""
+        desired = self.node.encode()
+        held = self.store.compare_set(f"{self.first_failure_prefix}/{round_id}", b"", desired)
+        return printable(held.decode(errors="replace"), 200)
 
     def quarantined(self, identity: str) -> str | None:
         """Why the node ``identity`` was quarantined (one line), None if it was not."""

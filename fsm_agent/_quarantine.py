@@ -87,12 +87,31 @@ def _current(ctx: Context) -> str:
 
 
 def _count_own_failure(ctx: Context) -> None:
+    if _followed_lost_node(ctx):
+        return
+    if not _failed_first(ctx):
+        log.info("[%s] this failure followed another node's in the same round: not counted "
+                 "as this node's own", ctx.role)
+        return
     ctx.own_failures.append(_current(ctx))
 
 
+def _followed_lost_node(ctx: Context) -> bool:
+    return PEER_LOST_GUARD in ctx.guard_fns and ctx.check(PEER_LOST_GUARD)
+
+
+def _failed_first(ctx: Context) -> bool:
+    """Whether no other node's failure came first in this round: workers that talk to each
+    other all fail when one node's do; the driver's optional ``failed_first()`` says whose
+    failure reached the job first (a driver without it: this one's)."""
+    first = getattr(ctx.driver, "failed_first", None)
+    return first is None or bool(first())
+
+
 def _own(ctx: Context) -> bool:
-    """Whether the failure at hand is this node's own (not one that followed a lost node)."""
-    return not (PEER_LOST_GUARD in ctx.guard_fns and ctx.check(PEER_LOST_GUARD))
+    """Whether the failure at hand is this node's own: not one that followed a lost node, nor
+    one that followed another node's failure in the same round."""
+    return not _followed_lost_node(ctx) and _failed_first(ctx)
 
 
 def _alone(ctx: Context) -> bool:
@@ -106,8 +125,10 @@ def _alone(ctx: Context) -> bool:
 def _own_failures_at_least(count: int) -> Callable[[Context], bool]:
     if count < 0:
         raise ValueError(f"count must be >= 0 (0 turns quarantine off), got {count}")
-    return lambda ctx: (count > 0 and len(ctx.own_failures) + 1 >= count and not _alone(ctx)
-                        and _own(ctx))
+    # _own before the count: its first call of a round is the store's claim of the round's
+    # first failure, to be made as soon as this agent sees the failure
+    return lambda ctx: (count > 0 and not _alone(ctx) and _own(ctx)
+                        and len(ctx.own_failures) + 1 >= count)
 
 
 def _quarantine_node(exit_code: int, after: int) -> Callable[[Context], None]:

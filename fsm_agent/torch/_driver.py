@@ -202,6 +202,11 @@ class TorchDriver:
         with tolerant_error_files():
             result = self.agent._monitor_workers(group)
         group.state = result.state
+        if result.state.name == "FAILED" and self.job is not None:
+            # Claimed as soon as the failure is seen, before any policy runs (and waits): the
+            # culprit's agent sees its workers fail before the others' workers notice the
+            # broken collective, and the earliest claim is what quarantine counts.
+            self.job.failed_first()
         if result.state.name == "SUCCEEDED":  # torch's line before its exit barrier
             timeout = self.agent._exit_barrier_timeout
             logger.info(
@@ -385,6 +390,11 @@ class TorchDriver:
         without a job of several agents has nowhere to mark it, and simply leaves."""
         if self.job is not None:
             self.job.quarantine(reason)
+
+    def failed_first(self) -> bool:
+        """Whether this node's failure is the first of its round in the job (quarantine counts
+        only those: ``fsm_agent._quarantine``); alone, every failure is."""
+        return True if self.job is None else self.job.failed_first()
 
     def health_reason(self) -> str | None:
         """``check: reason`` of the last health check that failed, if any."""

@@ -136,6 +136,7 @@ class AgentJob:
         #: The outcome this agent ends with when the store became unreachable.
         self.lost: JobOutcome | None = None
         self._round_id: str | None = None
+        self._first_failure: tuple[str, str] | None = None  # (round, the node that failed first)
         self.announced_here = False
         self._count_read = -math.inf
         #: Called once the job's outcome is in the store (the torch driver releases the exit
@@ -342,6 +343,23 @@ class AgentJob:
             raise
         self._count_read = -math.inf
         return count
+
+    def failed_first(self) -> bool:
+        """Whether this node's failure in the current round is the job's first (the others'
+        workers failed with it: a broken collective); asked once per round, and True when the
+        store cannot say (the failure then counts, as it did before)."""
+        rnd = self._round()
+        if self._first_failure is None or self._first_failure[0] != rnd:
+            try:
+                holder = self.channel.first_failure(rnd)
+            except STORE_ERRORS as e:
+                logger.warning("[%s] could not ask the store whose failure came first: %s",
+                               self.role, e)
+                holder = self.channel.node
+            self._first_failure = (rnd, holder)
+            if holder != self.channel.node:
+                logger.debug("[%s] round %s: node %s failed first", self.role, rnd, holder)
+        return self._first_failure[1] == self.channel.node
 
     def pool_notes(self, topic: str, note: bytes, expected: int, timeout: float) -> list[bytes]:
         """Share ``note`` on ``topic`` for the current round and gather every agent's (at most

@@ -140,3 +140,44 @@ def test_a_failure_that_follows_a_lost_node_does_not_count(jobs: Jobs, tmp_path:
     assert "rule 'peer_lost'" in survivor.output, survivor.output[-4000:]
     assert "quarantined" not in survivor.output, survivor.output[-4000:]
     stop_store(store)
+
+
+@pytest.mark.timeout(240)
+def test_only_the_node_whose_workers_failed_first_counts_a_broken_collective(
+        jobs: Jobs, tmp_path: Path) -> None:
+    from test_peers import ALLREDUCE_WORKER
+
+    # The workers of both nodes all_reduce together: when one node's fail (exit 7), the
+    # other's fail with them (their all_reduce loses its peer: exit 1) while its agent is
+    # alive, so the rule peer_lost does not take that failure. B fails twice, then A once:
+    # each node has fewer than quarantine_after=3 failures of its own, and neither may leave.
+    # Counting every failure, both would reach 3 at the third and be quarantined.
+    jobs.default_script = ALLREDUCE_WORKER
+    store, port = standalone_store(jobs)
+    stop = tmp_path / "stop"
+    params = ("quarantine_after=3", "backoff_initial=0.2")
+    nodes = {}
+    for name, addr in (("a", "127.0.0.1"), ("b", "127.0.0.2")):
+        gates = tmp_path / f"gates_{name}"
+        gates.mkdir()
+        nodes[name] = (jobs.start(_args(port, "collective", addr, params=params),
+                                  name=f"node_{name}", env={"STOP_FILE": str(stop),
+                                                            "FAIL_CODE": "7",
+                                                            "GATE_DIR": str(gates)}), gates)
+    (a, gates_a), (b, gates_b) = nodes["a"], nodes["b"]
+    for attempt, (culprit, gates, other) in enumerate(
+            [(b, gates_b, a), (b, gates_b, a), (a, gates_a, b)]):
+        _wait_records(a, attempt + 1)
+        _wait_records(b, attempt + 1)
+        (gates / f"fail_{attempt}").touch()
+        _wait_records(culprit, attempt + 2)
+        _wait_records(other, attempt + 2)
+        assert a.poll() is None and b.poll() is None, (a.output + b.output)[-6000:]
+    for job in (a, b):  # each said so of the failures that followed the other's
+        assert "followed another node's in the same round: not counted" in job.output, \
+            job.output[-4000:]
+    stop.touch()
+    for job in (a, b):
+        assert job.wait(60) == 0, job.output[-4000:]
+        assert "quarantined:" not in job.output, job.output[-4000:]
+    stop_store(store)
