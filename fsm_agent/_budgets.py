@@ -4,7 +4,7 @@ The default budget is torch's: ``--max-restarts`` failure restarts (within the `
 block's window, counted by each agent or by the job). A spec may declare more under
 ``budgets`` (``infra: {max: infra_restarts, window: restart_window}``), and a failure-policy
 rule names the one it spends (``budget: infra``): a failure of the infrastructure then never
-spends the user's restarts, and the other way round (JobSet #976, Ray Train v2's
+spends the user's restarts, and the other way round (kubernetes-sigs/jobset#976, Ray Train v2's
 evict-vs-retry).
 
 Each named budget declares one guard and one action, synthesized from its name so that a rule

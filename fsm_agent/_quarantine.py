@@ -1,5 +1,5 @@
 """Quarantine: a node whose own workers keep failing leaves the job, and stays out of it
-(issue 19, item 4; the ``resilient`` preset's ``quarantine_after``).
+(docs/spec-format.md, "Quarantine"; the ``resilient`` preset's ``quarantine_after``).
 
 A machine with a flaky GPU or a bad link fails its workers again and again; every failure
 restarts the whole job. Counting a node's *own* failures and sending the node away after a few

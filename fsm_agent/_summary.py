@@ -165,10 +165,10 @@ class RunRecorder:
 
     Only the last record can still change (a fold adds to its count). Every earlier one is kept
     as its JSON text, compressed :data:`CHUNK_RECORDS` at a time, and read back by
-    ``analysis()``: as Python dicts the records of a restart cost about 5 KB, which an agent
-    that restarts for days would carry to its end (issue 27); compressed, about a twentieth. A
-    record that JSON would not give back equal (a value JSON has no type for, a NaN) is kept
-    as it is, so ``analysis()`` always reads exactly the records it was given.
+    ``analysis()``: as Python dicts the records of a restart cost about 5 KB, which an agent that
+    restarts for days would carry to its end (tests/perf/test_restart_memory.py); compressed, about
+    a twentieth. A record that JSON would not give back equal (a value JSON has no type for, a NaN)
+    is kept as it is, so ``analysis()`` always reads exactly the records it was given.
     """
 
     #: Ticks that change nothing fold into one record, so an agent need not tick just for it

@@ -211,7 +211,7 @@ def test_a_trace_with_named_budgets_replays_and_reports_them(tmp_path: Path) -> 
     assert "restarts: 1 of 1 used; budget infra: 2 used" in format_text(analysis)
 
 
-# -- a count parameter: a budget without a maximum (issue 19's node_replacements) -------------
+# -- a count parameter: a budget without a maximum (resilient's node_replacements) -----------
 
 
 @pytest.mark.parametrize(("text", "value"), [("inf", float("inf")), ("4", 4), ("0", 0)])

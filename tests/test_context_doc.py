@@ -1,5 +1,5 @@
 """Every field of ``fsm_agent.Context`` a custom guard may read is in docs/spec-format.md's
-table (issue 28, item 10): a new field is documented there, or said here to be internal."""
+table: a new field is documented there, or said here to be internal."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ only type checking sees still means two modules cannot be understood apart.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "fsm_agent"
@@ -151,3 +152,52 @@ def test_tests_readme_names_every_test_directory() -> None:
     dirs = sorted(f"`tests/{d.name}/`" for d in tests.iterdir()
                   if d.is_dir() and not d.name.startswith((".", "_")))
     assert [d for d in dirs if f"| {d} |" not in text] == []
+
+
+# -- no references a reader of the repository cannot follow ----------------------------------
+
+ROOT = PKG.parent
+#: A project's public tracker may be named: "pytorch issue 135712", "owner/repo issue 7".
+_UPSTREAM = {"pytorch", "torch", "kubeflow", "jobset", "nvrx", "nvidia-resiliency-ext"}
+_ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
+# Files other changes are rewriting at the same time; they are cleaned when those land, and
+# the list is emptied then.
+_NOT_YET = {
+    "fsm_agent/_job.py", "fsm_agent/torch/_job.py", "fsm_agent/testing/_conformance.py",
+    "fsm_agent/testing/_agent_shape.py", "fsm_agent/cli/conformance.py",
+    "docs/conformance.md", "docs/job-protocol.md", "docs/performance.md",
+    "tests/conformance/test_nvrx.py",
+}
+
+
+def _private_issue_references(text: str) -> list[str]:
+    found = []
+    for m in _ISSUE.finditer(text):
+        before = re.search(r"([\w./-]+)[ \t]+$", text[max(0, m.start() - 60):m.start()])
+        word = before.group(1).lower() if before else ""
+        if not re.fullmatch(r"[\w.-]+/[\w.-]+", word) and word not in _UPSTREAM:
+            found.append(" ".join(m.group().split()))
+    return found
+
+
+def test_no_references_to_the_projects_own_issue_tracker() -> None:
+    files = [*PKG.rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *(ROOT / "docs").glob("*.md"),
+             *(p for d in ("specs", "examples") for p in (ROOT / d).rglob("*") if p.is_file()),
+             ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    bad = {}
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        if rel not in _NOT_YET:
+            refs = _private_issue_references(path.read_text(errors="replace"))
+            if refs:
+                bad[rel] = refs
+    assert bad == {}, "name the doc section or test instead of the issue: " + repr(bad)
+
+
+def test_the_issue_reference_check_keeps_public_trackers() -> None:
+    # numbers filled in, so that this file passes the check it tests
+    a, b, c = 19, 28, 6
+    text = (f"(issue {a}, item 4) and Issue\n  {b} and issues {c} and 7, `bench/x.py` (issue {c});"
+            " pytorch issue 135712, kubeflow/trainer issue 12 and pytorch/pytorch#1 are public")
+    assert _private_issue_references(text) == [f"issue {a}", f"Issue {b}", f"issues {c}",
+                                               f"issue {c}"]

@@ -4,7 +4,7 @@ drain, and progress steps, for the three presets, checked step by step against i
 the reference model.
 
 The reference is the conformance kit's (``fsm_agent.testing.ReferenceRun``), written from the
-behaviour tables (MISSION.md's for the torch presets, issue 10's for ``resilient``), not from the
+behaviour tables (the README's preset table), not from the
 engine or the spec files; here it is stepped one tick at a time beside a ``Lifecycle`` driven
 through its step API (``start``, ``observe``, ``deadline``, ``poll_timer``) on a virtual clock,
 where the kit runs whole scripts through ``Lifecycle.run``.

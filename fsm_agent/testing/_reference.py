@@ -1,10 +1,11 @@
 """The reference behaviour of the three presets, written from their behaviour tables.
 
 This module deliberately does not read the preset specs or use the engine: it restates the
-tables (MISSION.md's for ``torchelastic`` and ``torchrun``, issue 10's for ``resilient``, and the
-order of calls inside each row, as torch's ``_invoke_run`` and the seed make them) as plain
-Python, so that the kit and the model tests can tell a spec, the engine or a third-party
-supervisor that drifts from them. It is the one statement of those tables in the test code:
+tables (the README's preset table, its rows for ``torchelastic``, ``torchrun`` and ``resilient``
+with ``resilient``'s parameters as specs/resilient.yaml declares them, and the order of calls
+inside each row, as torch's ``_invoke_run`` and the seed make them) as plain Python, so that
+the kit and the model tests can tell a spec, the engine or a third-party supervisor that drifts
+from them. It is the one statement of those tables in the test code:
 the conformance kit replays it on whole scripts (:func:`reference_trace`), the model test steps
 it one tick at a time beside a ``Lifecycle`` (:class:`ReferenceRun`).
 
@@ -25,7 +26,7 @@ UNKNOWN, INIT,      -              raise Exception("[role] Worker   same
 STOPPED                            group in <STATE> state")
 ==================  =============  ===============================  ======================
 
-``resilient`` (issue 10, item 3), with its parameters (defaults in :data:`RESILIENT_DEFAULTS`):
+``resilient``, with its parameters (defaults in :data:`RESILIENT_DEFAULTS`):
 
 * a failure where every failed rank exited with a code in ``no_retry_exit_codes`` (the ranks
   torch stopped with SIGTERM after the first failure are not failed ranks) gives up at once,
@@ -60,7 +61,7 @@ STOPPED                            group in <STATE> state")
 ``uniform(a, b)`` is Python's, ``a + (b - a) * random()``: the kit scripts what ``random()``
 returns (``Tick.draw``), so the reference knows each backoff exactly.
 
-And issue 20's preemption and progress (docs/spec-format.md, "Preemption" and "Progress"):
+And preemption and progress (docs/spec-format.md, "Preemption" and "Progress"):
 
 * a preemption (``Tick.preempt``: a ``drain_on`` signal) that reaches the supervisor in a wait
   (the monitor wait, or a backoff) ends the wait at once and drains: the exit code is settled
@@ -104,7 +105,7 @@ __all__ = [
 
 PRESETS: tuple[str, ...] = ("torchrun", "torchelastic", "resilient")
 
-#: The ``resilient`` preset's parameters and their defaults, from issue 10's table.
+#: The ``resilient`` preset's parameters and their defaults, as specs/resilient.yaml declares them.
 RESILIENT_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "no_retry_exit_codes": (),
     "no_requeue_exit_code": 93,

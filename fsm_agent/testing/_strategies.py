@@ -325,8 +325,8 @@ _DRAWS: tuple[float, ...] = (0.5,) * 4 + (0.0, 0.25, 0.75, 1.0 - 2.0**-10)
 #: Values the kit gives the ``resilient`` preset's parameters: its table's defaults (jitter aside:
 #: 0.1 is not an exact binary fraction), and small ones so that short scripts reach the backoff
 #: cap, a reset and the edge of a window: a few intervals and elapsed times (and a backoff) add
-#: up to 3, 4, 5 or 10 s exactly. Names and meanings are issue 10's table, and issue 20's drain
-#: and no-progress parameters (``drain_on`` is the agent's signal handling, not the lifecycle's:
+#: up to 3, 4, 5 or 10 s exactly. Names and meanings are specs/resilient.yaml's, the drain and
+#: no-progress parameters too (``drain_on`` is the agent's signal handling, not the lifecycle's:
 #: a scripted preemption is a ``drain_on`` signal that arrived).
 RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     "no_retry_exit_codes": ((), (3,), (3, 4)),
@@ -337,7 +337,7 @@ RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     "backoff_jitter": (0.0, 0.25, 0.5, 1.0),
     "backoff_reset": (600.0, 5.0, 4.0),
     "restart_window": (math.inf, 10.0, 5.0, 3.0),
-    # issue 20: a drain (its signal, deadline and exit code) and the no-progress count
+    # preemption: a drain (its signal, deadline and exit code) and the no-progress count
     "drain_signal": ("SIGTERM", "SIGUSR1"),
     "drain_timeout": (25.0, 0.0, 2.5),
     "preempted_exit_code": (0, 99),
@@ -346,7 +346,7 @@ RESILIENT_PARAM_VALUES: Mapping[str, tuple[Any, ...]] = {
     "infra_exit_codes": ((), (1,), (3, 4)),
     "infra_restarts": (3, 0, 1),
     "backoff_reset_on_progress": (False, True),
-    # issue 19: failures after a lost node spend node_replacements (default: unlimited)
+    # lost peers: failures after a lost node spend node_replacements (default: unlimited)
     "node_replacements": (math.inf, 1, 0),
 }
 

@@ -380,7 +380,7 @@ class LifecycleAgentMixin:
         # The lifecycle ended by an exception: tell the other agents of the job. An action that
         # failed (UNKNOWN) fails the job; a signal leaves the rendezvous open for a new agent
         # (as torch), but with a job-wide budget the failure it causes is counted here, so that
-        # a fast rejoin cannot restart the job for free (pytorch#147064).
+        # a fast rejoin cannot restart the job for free (pytorch/pytorch#147064).
         job = self._fsm_job
         if job is None or job.outcome is not None or rendezvous_over(error):
             return

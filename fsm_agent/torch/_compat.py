@@ -56,7 +56,7 @@ FEATURES: dict[str, str] = {
     "fastpath": "rendezvous without torch's needless sleeps and stack walks, and membership "
                 "checks from torch's cached state; without it a restart takes torch's time",
     "isolation": "a fresh worker store per rendezvous round; without it restarted workers share "
-                 "the agent's store as in torch (stale gloo addresses, pytorch issue 135712)",
+                 "the agent's store as in torch (stale gloo addresses, pytorch/pytorch#135712)",
     "loopback": "loopback-only stores for a local rendezvous; without it they listen on every "
                 "interface, as in torch",
     "wakeup": "waking the monitor when a worker exits; without it the agent looks every "

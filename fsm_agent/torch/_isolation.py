@@ -1,6 +1,6 @@
 """A fresh worker store per rendezvous round: the fix for stale gloo addresses after a restart.
 
-Root cause (pytorch issue 135712, still present in torch 2.13): with the c10d rendezvous the agent
+Root cause (pytorch/pytorch#135712, still present in torch 2.13): with the c10d rendezvous the agent
 shares one ``TCPStore`` server with its workers (``use_agent_store``; workers get
 ``TORCHELASTIC_USE_AGENT_STORE=True`` and connect a client to MASTER_ADDR:MASTER_PORT). That server
 lives as long as the agent, so every key a worker ever wrote survives into the next attempt. gloo's

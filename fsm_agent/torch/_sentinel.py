@@ -3,7 +3,7 @@
 torch starts each worker in a session of its own, and an agent killed with SIGKILL (the OOM
 killer, a scheduler's hard kill) runs no handler: its workers and everything they started (a
 dataloader's forked children, a ``setsid`` daemon) run on, holding GPUs and ports
-(pytorch#76287; torchrun does the same). A thread of the agent cannot help: it dies with it.
+(pytorch/pytorch#76287; torchrun does the same). A thread of the agent cannot help: it dies with it.
 
 :class:`SentinelMixin` starts one small process when the agent runs (``python -c`` with the
 standard library only, in a session of its own, deaf to SIGINT, SIGTERM and SIGHUP). The agent

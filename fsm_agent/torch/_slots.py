@@ -1,5 +1,6 @@
 """Stable rank slots: across a membership change survivors keep their group rank, a newcomer
-takes a lost node's (issue 19, item 2; the ``resilient`` spec's parameter ``stable_slots``).
+takes a lost node's (docs/job-protocol.md, "Stable rank slots"; the ``resilient`` spec's
+parameter ``stable_slots``).
 
 torch's behaviour (2.13, ``dynamic_rendezvous.py``): when a round of the c10d (or etcd-v2)
 rendezvous completes, ``_DistributedRendezvousOpExecutor._mark_rendezvous_complete`` numbers the

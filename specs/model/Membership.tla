@@ -1,6 +1,6 @@
 ------------------------------ MODULE Membership ------------------------------
 (***************************************************************************)
-(* Node membership of one fsm_agent job with spares (issue 19, item 5):    *)
+(* Node membership of one fsm_agent job with spares:                       *)
 (* the job needs N nodes (--nnodes N, min = max = N) and more agents may   *)
 (* come; the extra ones are spares, waiting in torch's c10d rendezvous for *)
 (* the next round. Modelled from:                                           *)

@@ -77,7 +77,7 @@ def _flag_help(help_text: str, flag: str) -> str:
 
 def test_run_help_lists_every_built_in_spec_and_how_to_set_its_parameters(
         tmp_path: Path) -> None:
-    """Issue 28, item 5: --spec names every preset the package carries, from its specs
+    """--spec names every preset the package carries, from its specs
     directory (one added there is listed too), and --spec-param and --vocabulary are shown."""
     from fsm_agent._load import PRESETS_DIR_ENV, _spec_dirs
 

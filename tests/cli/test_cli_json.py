@@ -53,7 +53,7 @@ def test_diff_json(capsys: pytest.CaptureFixture[str]) -> None:
     code, data = run_json(capsys, "diff", "torchelastic", "torchrun")
     assert code == 1 and data["same"] is False
     assert data["a"]["name"] == "torchelastic" and data["b"]["name"] == "torchrun"
-    # the two presets differ only in how they give up (README, MISSION.md)
+    # the two presets differ only in how they give up (README, the preset table)
     [change] = data["changes"]
     assert (change["kind"], change["element"], change["name"]) == ("changed", "state", "FAILED")
     assert any("raise_failure" in d for d in change["details"])

@@ -211,7 +211,7 @@ def test_vocabulary_errors_are_one_line(command: str, ref: str, wanted: str, cus
 
 def test_check_names_every_guard_of_a_custom_spec_and_how_to_register_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 28, item 6: a spec written for a program's own guards, checked without them."""
+    """A spec written for a program's own guards, checked without them."""
     import re
 
     count = iter(range(1, 100))
@@ -229,7 +229,7 @@ def test_check_names_every_guard_of_a_custom_spec_and_how_to_register_it(
 
 def test_check_of_a_spec_with_unregistered_names_shows_its_other_problems_too(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 28, item 6: an unknown guard or action hides none of the machine's own problems."""
+    """An unknown guard or action hides none of the machine's own problems."""
     text = (ROOT / "specs" / "torchrun.yaml").read_text()
     edits = [
         # a guard and an action of the program's own, not registered

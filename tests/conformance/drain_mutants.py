@@ -1,5 +1,5 @@
 """Deliberately wrong supervisors of the ``resilient`` preset's drain and no-progress rule
-(issue 20): the kit must reject each one.
+(docs/spec-format.md, "Preemption" and "Progress"): the kit must reject each one.
 
 As in ``resilient_mutants.py``: copies of ``specs/resilient.yaml`` with one edit (the engine runs
 the wrong policy faithfully), and factories that wrap ``fsm_agent.Lifecycle`` the way an
@@ -163,7 +163,7 @@ def no_progress_one_late(driver: Any, *, params: Mapping[str, Any] | None = None
     return Lifecycle("resilient", driver, params=values, **settings)
 
 
-#: The drain's wrong supervisors (issue 20: "a drain that counts as success").
+#: The drain's wrong supervisors (among them "a drain that counts as success").
 DRAIN_MUTANTS: tuple[str, ...] = ("DrainedIsSuccess", "drain_exit0_is_success",
                                   "preemption_exits_zero", "ignores_preempted_exit_code",
                                   "PreemptionSpendsUserBudget")

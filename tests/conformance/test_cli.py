@@ -63,7 +63,7 @@ def test_counterexample_exits_one_with_table_and_reproduction(
 
 def test_the_reproduction_line_reproduces_a_stateful_search(
         capsys: pytest.CaptureFixture[str]) -> None:
-    # Issue 25: the line dropped --stateful, so it ran the other mode's search (other scripts,
+    # The line once dropped --stateful, so it ran the other mode's search (other scripts,
     # another counterexample, or none).
     argv = [f"{MUTANTS}:OffByOneMaxRestarts", "--spec", "torchrun", "--examples", "60",
             "--seed", "7", "--stateful"]
@@ -164,7 +164,8 @@ def test_bad_spec_params_exit_two_with_one_line(argv: list[str], message: str,
 
 def test_a_parameter_the_resilient_reference_does_not_model(
         capsys: pytest.CaptureFixture[str]) -> None:
-    # hang detection is a parameter of the spec, not of issue 10's table: checked against the file
+    # hang detection is a parameter of the spec, not of the reference's table: checked against
+    # the file
     assert main(["fsm_agent:Lifecycle", "--spec", "resilient", "--spec-param",
                  "hang_timeout=1m", "--examples", "5"]) == 2
     err = capsys.readouterr().err

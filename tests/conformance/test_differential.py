@@ -53,8 +53,9 @@ def test_torchelastic_preset_matches_the_seed_transcription(data: st.DataObject)
 @DIFFERENTIAL
 @given(st.data())
 def test_resilient_preset_matches_its_behaviour_table(data: st.DataObject) -> None:
-    # No agent outside fsm_agent implements resilient: the reference model, written from issue
-    # 10's table, is the only other side (exit codes, signals, virtual time and jitter drawn).
+    # No agent outside fsm_agent implements resilient: the reference model, written from the
+    # README's preset table (fsm_agent/testing/_reference.py), is the only other side (exit
+    # codes, signals, virtual time and jitter drawn).
     config, script = draw_script(data, "resilient")
     check_script(_lifecycle("resilient"), config, script, spec="resilient")
 

@@ -1,8 +1,8 @@
-"""The kit on issue 20's drain and no-progress rule: its scripts reach DRAINING (a preemption in
-a monitor wait or a backoff; workers exiting 0, failing or ignoring the drain signal) and
-no-progress give-ups, the reference says what the spec says (checked by hand here, and against
-the engine running specs/resilient.yaml), and wrong supervisors are rejected with a readable
-counterexample."""
+"""The kit on the drain and no-progress rule (docs/spec-format.md, "Preemption" and "Progress"):
+its scripts reach DRAINING (a preemption in a monitor wait or a backoff; workers exiting 0, failing
+or ignoring the drain signal) and no-progress give-ups, the reference says what the spec says
+(checked by hand here, and against the engine running specs/resilient.yaml), and wrong supervisors
+are rejected with a readable counterexample."""
 
 from __future__ import annotations
 
@@ -293,7 +293,7 @@ def test_an_off_by_one_no_progress_count_differs_at_the_give_up(rejection: Any) 
         assert "FAILED" in _rows(text)[-1] or "FAILED" in _rows(text)[-2], text
 
 
-# -- a failure after a lost node (issue 19, item 3) -------------------------------------------
+# -- a failure after a lost node (docs/job-protocol.md, "Lost peers") ---------------------------
 
 
 @pytest.mark.parametrize(("target", "spec"), TARGETS, ids=TARGET_IDS)

@@ -225,7 +225,7 @@ def test_a_harness_error_met_mid_search_also_ends_the_stateful_search() -> None:
 
 
 def test_simplify_keeps_the_fewest_nodes_waiting_that_still_fail() -> None:
-    # Issue 25: a shrunk table showed "nodes waiting 2" where 1 shows the same bug (the plain
+    # A shrunk table once showed "nodes waiting 2" where 1 shows the same bug (the plain
     # value, 0, hides it, and nothing tried 1).
     config = RunConfig(max_restarts=0)
     script = (Tick("HEALTHY", nodes_waiting=2), Tick("FAILED"))

@@ -144,7 +144,7 @@ def test_the_window_counterexample_shows_the_edge_of_the_window(rejection: Any) 
 
 
 def test_recorded_backoffs_are_the_waits_the_table_gives() -> None:
-    # By hand from issue 10's table: initial 1 s, factor 2, max 3 s, jitter 0.5; the first
+    # By hand from the README's resilient row: initial 1 s, factor 2, max 3 s, jitter 0.5; the first
     # backoff's draw is 0.0 (the shortest: 1 s * (1 - 0.5)), the second 0.5 (no jitter: 2 s),
     # the third is capped (min(3, 4) = 3 s; draw 0.75: * 1.25). The fourth attempt ran two
     # ticks and 600 s, longer than backoff_reset (10 s): the backoff starts again from 1 s.

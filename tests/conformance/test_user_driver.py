@@ -1,4 +1,4 @@
-"""A user's own driver and the targets that exited 2 before (issue 28, item 9)."""
+"""A user's own driver and the targets that exited 2 before."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Drivers of a user's own, checked with ``driver=`` / ``--driver`` (issue 28, item 9).
+"""Drivers of a user's own, checked with ``driver=`` / ``--driver`` (docs/conformance.md).
 
 Each wraps a backend (the kit's scripted world stands in for it) the way a supervisor's driver
 wraps its cluster client: one is right, one retries a failed rendezvous and so hides it.

@@ -145,7 +145,7 @@ def test_the_readme_example_two_agents_hang_crash_and_recover(tmp_path: Path) ->
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_demo_traces_replay_and_the_root_cause_is_the_first_failure(tmp_path: Path) -> None:
-    """Issue 28, items 1 and 2, on a real two-agent run: the job-wide budget one agent spent is
+    """On a real two-agent run: the job-wide budget one agent spent is
     no divergence in the other's trace, and the hang that came first is the root cause, not the
     peer's "connection closed" or the later ValueError."""
     out = tmp_path / "demo"

@@ -1,6 +1,6 @@
-"""The job protocol on torch's etcd rendezvous backends (issue 25): two ``fsm-agent run``
-agents as two nodes of one job, a real etcd 3.4 on loopback (``etcd`` fixture), python-etcd
-0.4.5. Without etcd the tests skip, except where ``FSM_AGENT_REQUIRE_ETCD=1`` (CI)."""
+"""The job protocol on torch's etcd rendezvous backends (docs/job-protocol.md, "On etcd"): two
+``fsm-agent run`` agents as two nodes of one job, a real etcd 3.4 on loopback (``etcd`` fixture),
+python-etcd 0.4.5. Without etcd the tests skip, except where ``FSM_AGENT_REQUIRE_ETCD=1`` (CI)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _by_group_rank(a: Job, b: Job) -> dict[int, Job]:
 @pytest.mark.parametrize("backend", ["etcd", "etcd-v2"])
 def test_a_give_up_on_etcd_ends_both_nodes_with_its_code(jobs: Jobs, etcd: EtcdServer,
                                                          backend: str) -> None:
-    # Issue 25, item 2: the node that gave up exited 1, the other ran on and exited 0 after its
+    # Before the fix the node that gave up exited 1, the other ran on and exited 0 after its
     # exit barrier (torchelastic preset: torch's agent decides alone on etcd); on etcd-v2 the
     # announcement itself failed ("could not announce it: Not implemented").
     args = etcd_nodes(etcd, backend, f"give-up-{backend}", "--max-restarts", "0",
@@ -54,7 +54,7 @@ def test_a_give_up_on_etcd_ends_both_nodes_with_its_code(jobs: Jobs, etcd: EtcdS
 @pytest.mark.parametrize("backend", ["etcd-v2", "etcd"])
 def test_resilient_on_etcd_restarts_once_for_the_job(jobs: Jobs, etcd: EtcdServer,
                                                      backend: str) -> None:
-    # Issue 25, item 1: the job-wide budget called EtcdStore.compare_set, which torch does not
+    # Before the fix the job-wide budget called EtcdStore.compare_set, which torch does not
     # implement: the failing node aborted (UNKNOWN) at its first failure, nothing restarted.
     # On etcd (v1) the round a claim counts is the rendezvous version: with none, every
     # failure would ride along on the first claim and the job restart for ever.

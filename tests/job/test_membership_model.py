@@ -1,5 +1,5 @@
 """The membership model (specs/model/Membership.tla): spares, stable rank slots, peer loss and
-quarantine (issue 19, item 5), checked by TLC.
+quarantine (docs/job-protocol.md, "Membership"), checked by TLC.
 
 TLC checks the CI config (specs/model/Membership.cfg) and finds no error; each wrong variant
 (torch's renumbering, #348's rendezvous closed on a fault, a join that admits a quarantined

@@ -81,7 +81,7 @@ def test_a_give_up_ends_both_nodes_with_the_same_code(jobs: Jobs, preset: str) -
     assert other.final_message().startswith("fsm-agent run: the job failed:"), \
         other.output[-2000:]
     if preset == "torchelastic":
-        # the restart line the docs quote is the one an agent prints (issue 28, item 4)
+        # the restart line the docs quote is the one an agent prints
         quoted = quoted_log_lines("[default] worker group FAILED; restart")
         assert quoted
         for where, file, message in quoted:
@@ -119,9 +119,9 @@ def test_a_job_budget_of_two_allows_exactly_two_failure_restarts(jobs: Jobs,
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_fast_rejoin_cannot_bypass_max_restarts_0(jobs: Jobs) -> None:
-    # pytorch#147064: a node's agent stopped by a signal and started again at once rejoined as
-    # a membership change, an uncounted restart, for ever. With a job budget the departure
-    # counts; with none left the job is over, for the new agent too.
+    # pytorch/pytorch#147064: a node's agent stopped by a signal and started again at once
+    # rejoined as a membership change, an uncounted restart, for ever. With a job budget the
+    # departure counts; with none left the job is over, for the new agent too.
     # drain_on=[]: SIGTERM stops the agent, as torch (by default it would drain the whole job)
     args = nodes(2, "--max-restarts", "0", *_spec_args("resilient"), "--spec-param",
                  "drain_on=[]")
@@ -179,7 +179,7 @@ def _a_participant(store: object, run_id: str) -> str:
 
 @pytest.mark.timeout(120)
 def test_an_announcement_by_no_node_of_the_job_is_refused_with_one_warning(jobs: Jobs) -> None:
-    # Issue 25: a foreign client of the store that writes the outcome key ended every agent.
+    # A foreign client of the store that writes the outcome key once ended every agent.
     from datetime import timedelta
 
     from torch.distributed import TCPStore

@@ -1,7 +1,7 @@
 """``python bench/run_all.py --smoke``: the benchmark session CI may run.
 
-It must run real jobs of both launchers end to end, report every target of issue 13 as a row of
-its summary, write its report and plots away from the published ``docs/performance.md`` and
+It must run real jobs of both launchers end to end, report every target of docs/performance.md as a
+row of its summary, write its report and plots away from the published ``docs/performance.md`` and
 ``docs/performance/``, and leave no process behind. The figures themselves are not asserted:
 timing targets are for the benchmark's report, not for tests.
 """
@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ALL = ROOT / "bench" / "run_all.py"
-# issue 13's targets, as the summary names them
+# the targets at or ahead of torchrun, as the summary names them
 TARGETS = ("agent CPU, 4 workers sleeping", "warm restart", "start-up, 1 x", "start-up, 8 x",
            "exit barrier release, 8 agents (last arrival", "engine: one observe()")
 
@@ -76,7 +76,7 @@ def test_smoke_runs_both_launchers_reports_every_target_and_leaves_docs_alone(
         (row,) = [r for r in rows if r[0].startswith(target)]
         assert re.fullmatch(r"\d+\.\d\d", row[3]), row
         assert row[5] in ("met", "**not met**"), row
-    # issue 22's: real crashes and the preloaded start-up, measured with the warm restart
+    # and real crashes and the preloaded start-up, measured with the warm restart
     for target in ("real crash (`sys.exit(1)`", "real crash (an uncaught exception",
                    "preloaded start-up, 1 x 4 workers importing torch"):
         (row,) = [r for r in rows if r[0].startswith(target)]

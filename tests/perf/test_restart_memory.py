@@ -1,4 +1,4 @@
-"""What an agent keeps per restart (issue 27: agent RSS grew about 7 KB per restart).
+"""What an agent keeps per restart (agent RSS once grew about 7 KB per restart).
 
 The end-of-run summary's ``RunRecorder`` (``fsm-agent run`` always installs it) kept every step
 record as Python dicts, about 5 KB per restart for the whole run. It now keeps the finished

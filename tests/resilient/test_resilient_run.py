@@ -118,7 +118,7 @@ def test_sigterm_during_a_backoff_stops_everything_at_once(jobs: Jobs, tmp_path:
                      env={"SPAWN_CHILD": "1"}, launcher="slow trace")
     [first] = job.wait_for("a0_r0_start.json", 1, 60)
     job.wait_output("restarting in", 60)  # the failure was counted: the backoff has begun
-    # The line is logged after the trace recorded the step (issue 28, item 3): a user who
+    # The line is logged after the trace recorded the step: a user who
     # reads the trace when the log says so finds the step there.
     into = [s for s in steps(trace) if s["dest"] == "BACKOFF"]
     assert len(into) == 1, steps(trace)

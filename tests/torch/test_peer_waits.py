@@ -1,5 +1,6 @@
-"""A lost node noticed where an agent waits, not only when its own workers fail (issue 19,
-item 3): real ``fsm-agent run`` agents on an ``fsm-agent store``, nodes SIGKILLed.
+"""A lost node noticed where an agent waits, not only when its own workers fail
+(docs/job-protocol.md, "Lost peers"): real ``fsm-agent run`` agents on an ``fsm-agent store``,
+nodes SIGKILLed.
 
 - while the workers run and talk to nobody (between two collectives), the survivor notices the
   loss on a monitor tick from torch's keep-alive and restarts at once (``node_replacements``,

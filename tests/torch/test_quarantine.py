@@ -1,6 +1,6 @@
-"""Quarantine on loopback (issue 19, item 4): real ``fsm-agent run`` agents of a two-node
-``resilient`` job on an ``fsm-agent store``, a spare waiting, the workers of one node failing
-with exit code 7 whenever the test opens their gate.
+"""Quarantine on loopback (docs/spec-format.md, "Quarantine"): real ``fsm-agent run`` agents of a
+two-node ``resilient`` job on an ``fsm-agent store``, a spare waiting, the workers of one node
+failing with exit code 7 whenever the test opens their gate.
 
 Each node has a rendezvous address of its own (``--local-addr 127.0.0.1``, ``.2``, ``.3``: all
 loopback), which is the identity a quarantine mark names (``fsm_agent.torch._job.node_identity``):

@@ -1,5 +1,6 @@
-"""Spares on loopback (issue 19, item 6): real ``fsm-agent run`` agents of a two-node
-``resilient`` job on an ``fsm-agent store``, nodes SIGKILLed, ``--max-restarts 0`` throughout.
+"""Spares on loopback (docs/job-protocol.md, "Membership"): real ``fsm-agent run`` agents of a
+two-node ``resilient`` job on an ``fsm-agent store``, nodes SIGKILLed, ``--max-restarts 0``
+throughout.
 
 - two spares, two losses: each lost node's slot goes to a spare, the survivor keeps its own
   all along, the spare never needed ends with the job. Before ``fsm_agent.torch._slots``'s

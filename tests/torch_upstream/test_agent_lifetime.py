@@ -1,4 +1,4 @@
-"""A finished ``FSMElasticAgent`` is freed by reference counting alone (issue 14, bug 2).
+"""A finished ``FSMElasticAgent`` is freed by reference counting alone.
 
 Found by torch's ``test_torch_rpc_c10d`` and ``test_run_with_custom_log_lines``: the agent, its
 driver and its lifecycle referred to each other, so the rendezvous handler's TCPStore servers
@@ -132,8 +132,8 @@ print(f"rc={rc} made={len(made)} alive={alive} ports={ports} child={status}", fl
     ("torchelastic", HAPPY, 0), ("torchrun", SAD, 1), ("resilient", SAD, 1)])
 def test_in_process_cli_run_leaves_nothing_for_a_forked_child(preset: str, code: str,
                                                               rc: int) -> None:
-    """Issue 26, bug 1: ``fsm_agent.cli.main(["run", ...])`` called in-process held its agent in
-    a cycle (the CLI's reference to it was one of the agent's listeners); a child forked later
+    """``fsm_agent.cli.main(["run", ...])`` called in-process once held its agent in a
+    cycle (the CLI's reference to it was one of the agent's listeners); a child forked later
     met its TCPStores in its first collection and aborted or hung."""
     import os
     import subprocess

@@ -1,5 +1,5 @@
 """What ``fsm_agent.torch.launch`` does around the agent, against torch's own ``launch_agent`` run
-the same way in the same process (issue 26): the launcher-level events it records, and the
+the same way in the same process: the launcher-level events it records, and the
 health check server a caller hands it."""
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ processes from that same process (``test_launch_elastic_multiple_agents``). The 
 are written again, with upstream's arguments (underscore and dash spellings, ``--rdzv_conf
 timeout=5`` on c10d) and assertions (every rank's worker ran, every agent exits 0), in the order
 upstream's class runs them, in one fresh interpreter: a standalone run in-process, then two agents
-of one job, one in-process and one forked after it. Before issue 26 the first run's agent and
-stores outlived it until a garbage collection, which may run in the fork (SIGABRT or a hang, one
+of one job, one in-process and one forked after it. The first run's agent and stores
+once outlived it until a garbage collection, which may run in the fork (SIGABRT or a hang, one
 run in two upstream); with the collector off the stores' ports are seen still open.
 The rest of that class runs below, in one more interpreter (``launcher_scenarios.py run``);
 docs/runner.md lists every upstream test and where it is mirrored or why not.
@@ -93,7 +93,7 @@ def test_standalone_then_multiple_agents_forked_after_an_in_process_run(tmp_path
             os.killpg(proc.pid, 9)
     assert proc.returncode == 0, err[-3000:]
     # upstream: both agents exit 0, and every rank of the world touched its file
-    # and (issue 26) the in-process run left no store listening for the fork to inherit
+    # and the in-process run left no store listening for the fork to inherit
     assert "standalone 0 ['0', '1'] open []" in out, (out, err[-3000:])
     assert "multiple 0 0 ['0', '1', '2', '3']" in out, (out, err[-3000:])
 

@@ -1,6 +1,6 @@
 """``fsm-agent run`` whose trace writer is slow to record a step into BACKOFF (a loaded
 machine's late write, made certain): the order of the "restarting in" log line and the
-BACKOFF record is then the product's, not the scheduler's (issue 28, item 3)."""
+BACKOFF record is then the product's, not the scheduler's."""
 
 import sys
 import time
