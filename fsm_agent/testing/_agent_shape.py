@@ -12,7 +12,8 @@ modules its methods were written in:
 * the types: ``WorkerState``, ``RunResult``, ``ProcessFailure`` and ``WorkerSpec`` as the modules
   of the class and its bases name them (the first found along the MRO; torch's otherwise);
 * the constructor, from its signature: the worker spec as the first argument,
-  ``exit_barrier_timeout`` and ``log_dir`` (a scratch directory) when it takes them;
+  ``exit_barrier_timeout`` and ``log_dir`` (a scratch directory) when it takes them, and the
+  keywords a target API supplies (:mod:`._target_api`);
 * the calls to route to the recorder, from the names the methods use: ``barrier`` (the exit
   barrier, a function or a module's, as ``store_util.barrier``), ``put_metric`` (through the
   metrics API's handler when it is a copy of torch's, else the name itself) and ``sleep``.
