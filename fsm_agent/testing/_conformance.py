@@ -680,7 +680,7 @@ def _harness_problem(value: Any, name: str, agent: Any = None,
                 where = attr if isinstance(obj, _ScriptedRendezvous) else (
                     f"{obj._fsm_path}.{attr}")
                 declared = "".join(f", {n}" for n in (api.names if api is not None else ()))
-                return (f"{name} uses its rendezvous handler's {where}, which the kit's scripted "
+                return (f"{name} calls its rendezvous handler's {where}, which the kit's scripted "
                         f"handler does not have (it has {_RENDEZVOUS_METHODS}{declared}); "
                         "declare it with a target API (--target-api, docs/conformance.md)")
             if isinstance(obj, _FakeStore):
