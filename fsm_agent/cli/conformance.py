@@ -57,8 +57,6 @@ EXAMPLES = (
     "fsm-agent conformance mypkg.sup:make_supervisor --spec resilient "
     "--spec-param no_retry_exit_codes=3,4",
     "fsm-agent conformance fsm_agent:Lifecycle --driver mypkg.sup:make_driver --seed 1234",
-    "fsm-agent conformance nvidia_resiliency_ext.fault_tolerance.launcher:LocalElasticAgent "
-    "--target-api nvrx --spec examples/nvrx_0_7_0.yaml",
 )
 
 
