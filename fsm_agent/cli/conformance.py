@@ -45,7 +45,8 @@ hooks and runs its own _invoke_run; an abstract subclass that only overrides _in
 Or a callable factory(driver, **settings) returning an object with run(monitor_interval,
 sleep=...), as fsm_agent.Lifecycle has. --driver MODULE:ATTR names make_driver(world) -> Driver:
 your own driver, which the factory (or Lifecycle) gets instead of the kit's; world is the kit's
-scripted driver, which yours must call as its outside world.
+scripted driver, which yours must call as its outside world. --target-api declares what an
+agent class asks for beyond torch's API (nvrx: NVIDIA's ft_launcher agent, any release).
 
 Exit status: 0 conforms; 1 a counterexample (and nothing else); 2 a usage error, or a target the
 kit cannot script (one line naming what it cannot find or supply)."""
@@ -67,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--driver", metavar="MODULE:ATTR", default=None,
                    help="your driver, make_driver(world) -> Driver, checked between the target "
                         "(a factory or fsm_agent:Lifecycle) and the kit's scripted world")
+    p.add_argument("--target-api", metavar="NAME|FILE", default=None,
+                   help="what an agent class needs beyond torch's agent API (constructor "
+                        "arguments, rendezvous handler methods), answered from the script: "
+                        "nvrx (NVIDIA's ft_launcher) or a YAML file (docs/conformance.md)")
     # --spec-param fixes a parameter for every run; the others are drawn per run.
     add_spec_option(p)
     p.add_argument("--examples", type=int, default=200, metavar="N",
@@ -89,10 +94,10 @@ def _reproduction(args: argparse.Namespace, seed: int) -> str:
     argv = [args.target, "--spec", args.spec]
     for param in args.spec_params or ():
         argv += ["--spec-param", param]
-    for option in ("driver", "vocabulary"):
+    for option in ("driver", "vocabulary", "target_api"):
         value = getattr(args, option, None)
         if value is not None:
-            argv += [f"--{option}", value]
+            argv += [f"--{option.replace('_', '-')}", value]
     argv += ["--examples", str(args.examples), "--seed", str(seed)]
     if args.stateful:
         argv.append("--stateful")
@@ -130,7 +135,7 @@ def _conformance(argv: list[str]) -> int:
     values = spec_params(args, loaded)  # a bad --spec-param is a usage error
     fixed = {name: values[name] for name in _param_overrides(args)}
     try:
-        target_ok = resolve_target(target, spec, driver)
+        target_ok = resolve_target(target, spec, driver, args.target_api)
     except TypeError as e:  # HarnessError included
         raise UsageError(str(e)) from None
     if fixed and "params" not in target_ok.accepts:
@@ -145,7 +150,8 @@ def _conformance(argv: list[str]) -> int:
     try:
         run_conformance(target, spec=spec,
                         settings=settings(default_settings(args.examples), database=None),
-                        seed=seed, stateful=args.stateful, params=fixed, driver=driver)
+                        seed=seed, stateful=args.stateful, params=fixed, driver=driver,
+                        target_api=args.target_api)
     except ConformanceFailure as e:
         print(f"\nCOUNTEREXAMPLE ({how}):\n{e}\n")
         print(f"reproduce with: {_reproduction(args, seed)}")

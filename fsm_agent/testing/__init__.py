@@ -1,15 +1,17 @@
 """Public helpers for testing lifecycles and the supervisors that embed them.
 
 ``RecordingDriver`` scripts monitor results and records every driver call; the conformance kit
-checks a supervisor against a spec's reference behaviour with hypothesis; ``check_protocol``
-model-checks a spec's part in the job-wide protocol with TLC, and ``check_model`` any model of
-``specs/model`` (docs/job-protocol.md).
+checks a supervisor against a spec's reference behaviour with hypothesis (``TargetAPI`` declares
+what an agent asks for beyond torch's API); ``check_protocol`` model-checks a spec's part in the
+job-wide protocol with TLC, and ``check_model`` any model of ``specs/model``
+(docs/job-protocol.md).
 """
 
 from typing import Any
 
 from ._model_check import ModelError, TLCResult, check_model, check_protocol, lifecycle_module
 from ._recording import Call, RecordingDriver, ScriptedRandom, ScriptExhausted, make_result
+from ._target_api import TARGET_APIS, TargetAPI, load_target_api
 
 # The conformance kit needs hypothesis (the `testing` extra); RecordingDriver does not, so the
 # kit's names load on first use.
@@ -44,6 +46,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "DIVERGENCES",
+    "TARGET_APIS",
     "Call",
     "ConformanceFailure",
     "Divergence",
@@ -57,6 +60,7 @@ __all__ = [
     "ScriptedRandom",
     "SupervisorConformance",
     "TLCResult",
+    "TargetAPI",
     "Tick",
     "Trace",
     "check_model",
@@ -65,6 +69,7 @@ __all__ = [
     "conformance_machine",
     "default_settings",
     "lifecycle_module",
+    "load_target_api",
     "make_result",
     "reference_trace",
     "run_configs",

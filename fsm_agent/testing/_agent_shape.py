@@ -12,7 +12,8 @@ modules its methods were written in:
 * the types: ``WorkerState``, ``RunResult``, ``ProcessFailure`` and ``WorkerSpec`` as the modules
   of the class and its bases name them (the first found along the MRO; torch's otherwise);
 * the constructor, from its signature: the worker spec as the first argument,
-  ``exit_barrier_timeout`` and ``log_dir`` (a scratch directory) when it takes them;
+  ``exit_barrier_timeout`` and ``log_dir`` (a scratch directory) when it takes them, and the
+  keywords a target API supplies (:mod:`._target_api`);
 * the calls to route to the recorder, from the names the methods use: ``barrier`` (the exit
   barrier, a function or a module's, as ``store_util.barrier``), ``put_metric`` (through the
   metrics API's handler when it is a copy of torch's, else the name itself) and ``sleep``.
@@ -198,9 +199,9 @@ def _routes(cls: type) -> tuple[list[Route], list[types.ModuleType]]:
 
 
 @functools.cache
-def agent_shape(cls: type) -> AgentShape:
+def agent_shape(cls: type, supplied: frozenset[str] = frozenset()) -> AgentShape:
     """Find what the kit needs to script ``cls``; raise :class:`HarnessError` naming what is
-    missing."""
+    missing. ``supplied``: constructor keywords a target API builds (``_target_api``)."""
     name = describe(cls)
     if not is_agent_class(cls):
         raise HarnessError(f"{name} has no _invoke_run: the kit runs the loop of an agent with "
@@ -227,7 +228,7 @@ def agent_shape(cls: type) -> AgentShape:
     worker_spec = found["WorkerSpec"] or _torch_worker_spec()
 
     spec_fields = _fields_taken(worker_spec, f"{name}: its WorkerSpec ({describe(worker_spec)})")
-    keywords = _constructor_keywords(cls, name)
+    keywords = _constructor_keywords(cls, name, supplied)
     routes, metrics = _routes(cls)
     return AgentShape(cls, types_, worker_spec, spec_fields, keywords, tuple(routes),
                       tuple(metrics))
@@ -252,7 +253,8 @@ def _fields_taken(worker_spec: Any, name: str) -> frozenset[str]:
     return frozenset(p for p in SPEC_FIELDS if p in params)
 
 
-def _constructor_keywords(cls: type, name: str) -> frozenset[str]:
+def _constructor_keywords(cls: type, name: str,
+                          supplied: frozenset[str] = frozenset()) -> frozenset[str]:
     params = list(_signature(cls, name).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY,
                                             params[0].POSITIONAL_OR_KEYWORD,
@@ -262,14 +264,19 @@ def _constructor_keywords(cls: type, name: str) -> frozenset[str]:
     rest = params[1:] if params[0].kind is not params[0].VAR_POSITIONAL else params
     needs = [p.name for p in rest if p.default is p.empty
              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-             and p.name not in CONSTRUCTOR_KEYWORDS]
+             and p.name not in CONSTRUCTOR_KEYWORDS and p.name not in supplied]
     if needs:
         raise HarnessError(
             f"cannot build {name}: its constructor needs {', '.join(needs)}, which the kit "
             "cannot supply (it passes the worker spec, exit_barrier_timeout and log_dir); "
-            "check a subclass whose __init__(spec, exit_barrier_timeout=...) supplies it")
+            "declare it in a target API's constructor (--target-api, docs/conformance.md; "
+            "nvrx for NVIDIA's ft_launcher)")
     named = {p.name for p in params}
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    extra = sorted(supplied - named) if not var_kw else []
+    if extra:
+        raise HarnessError(f"cannot build {name}: its target API supplies {', '.join(extra)}, "
+                           "which its constructor does not take")
     out = {k for k in CONSTRUCTOR_KEYWORDS if k in named}
     if var_kw:  # **kwargs passes on to a base whose signature the kit cannot see
         out.add("exit_barrier_timeout")

@@ -100,6 +100,7 @@ from ._strategies import (
     tick_result,
     ticks,
 )
+from ._target_api import TargetAPI, load_target_api
 
 __all__ = [
     "DIVERGENCES",
@@ -234,6 +235,8 @@ class _Recorder:
         self.preempted: Preemption | None = None  # the preemption delivered, once it is
         self._preempted_at = 0  # the tick whose preemption was delivered
         self.draining = False  # whether the supervisor began to drain (drain_workers)
+        self.rounds = 0  # rendezvous completed (a target API's "rounds")
+        self.notes: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []  # its "ignore" calls
 
     def _record(self, event: Event) -> None:
         self.events.append(event)
@@ -253,6 +256,7 @@ class _Recorder:
 
     def rendezvous(self) -> None:
         self._hook("rendezvous")
+        self.rounds += 1
 
     def start_workers(self) -> None:
         self._hook("start_workers")
@@ -547,9 +551,42 @@ class _FakeStore:
     """Stands in for the rendezvous store: the scripted barrier never touches it."""
 
 
+class _ScriptedNamespace:
+    """An attribute of the scripted handler that a target API declares methods on (the
+    ``_barrier_state`` of ``_barrier_state.open_rendezvous``)."""
+
+    def __init__(self, path: str) -> None:
+        self._fsm_path = path
+
+
+def _answer(recorder: _Recorder, name: str, answer: Any) -> Any:
+    """The attribute a target API's ``answer`` for ``name`` becomes (see ``_target_api``)."""
+    if isinstance(answer, tuple) and answer[0] == "value":
+        return answer[1]
+    if answer == "rounds":
+        return lambda *a, **k: recorder.rounds
+    if answer == "nodes_waiting":
+        return lambda *a, **k: recorder.num_nodes_waiting()
+    if answer == "any_nodes_waiting":
+        return lambda *a, **k: recorder.num_nodes_waiting() > 0
+    if answer == "ignore":
+        return lambda *a, **k: recorder.notes.append((name, a, k))
+    value = answer[1] if isinstance(answer, tuple) else answer
+    return lambda *a, **k: value
+
+
 class _ScriptedRendezvous:
-    def __init__(self, recorder: _Recorder) -> None:
+    def __init__(self, recorder: _Recorder, api: TargetAPI | None = None) -> None:
         self._recorder = recorder
+        self._fsm_api = api
+        for name, answer in api.rendezvous if api is not None else ():
+            *path, last = name.split(".")
+            owner: Any = self
+            for i, part in enumerate(path):
+                if not hasattr(owner, part):
+                    setattr(owner, part, _ScriptedNamespace(".".join(path[:i + 1])))
+                owner = getattr(owner, part)
+            setattr(owner, last, _answer(recorder, name, answer))
 
     def num_nodes_waiting(self) -> int:
         return self._recorder.num_nodes_waiting()
@@ -630,7 +667,8 @@ class _HarnessAbort(BaseException):
         self.error = error
 
 
-def _harness_problem(value: Any, name: str, agent: Any = None) -> str | None:
+def _harness_problem(value: Any, name: str, agent: Any = None,
+                     api: TargetAPI | None = None) -> str | None:
     """What the kit failed to provide, if ``value`` (what a run ended with) is an attribute the
     target looked for on one of the kit's stand-ins; None when it is the target's own doing."""
     exc, seen = value, set()
@@ -638,9 +676,13 @@ def _harness_problem(value: Any, name: str, agent: Any = None) -> str | None:
         seen.add(id(exc))
         if isinstance(exc, AttributeError) and exc.obj is not None:
             obj, attr = exc.obj, exc.name
-            if isinstance(obj, _ScriptedRendezvous):
-                return (f"{name} calls its rendezvous handler's {attr}, which the kit's scripted "
-                        f"handler does not have (it has {_RENDEZVOUS_METHODS})")
+            if isinstance(obj, (_ScriptedRendezvous, _ScriptedNamespace)):
+                where = attr if isinstance(obj, _ScriptedRendezvous) else (
+                    f"{obj._fsm_path}.{attr}")
+                declared = "".join(f", {n}" for n in (api.names if api is not None else ()))
+                return (f"{name} calls its rendezvous handler's {where}, which the kit's scripted "
+                        f"handler does not have (it has {_RENDEZVOUS_METHODS}{declared}); "
+                        "declare it with a target API (--target-api, docs/conformance.md)")
             if isinstance(obj, _FakeStore):
                 return (f"{name} uses the rendezvous store's {attr}; the kit scripts no store "
                         "(it routes the exit barrier, a function named barrier)")
@@ -679,14 +721,15 @@ def _scripted_agent_class(cls: type) -> type:
     return type(f"Scripted{cls.__name__}", (_ScriptedHooks, cls), {"__module__": cls.__module__})
 
 
-def _agent_target(cls: type) -> _Target:
-    shape = agent_shape(cls)  # raises HarnessError naming what is missing
+def _agent_target(cls: type, api: TargetAPI | None = None) -> _Target:
+    supplied = api.keywords if api is not None else frozenset()
+    shape = agent_shape(cls, supplied)  # raises HarnessError naming what is missing
     scripted = _scripted_agent_class(cls)
-    name = describe(cls)
-    passed = ", ".join(["spec", *(f"{k}=..." for k in sorted(shape.keywords))])
+    name = describe(cls) + (f" with target API {api.name}" if api is not None else "")
+    passed = ", ".join(["spec", *(f"{k}=..." for k in sorted(shape.keywords | supplied))])
 
     def run(config: RunConfig, rec: _Recorder) -> tuple[Any, Any]:
-        rendezvous = _ScriptedRendezvous(rec)
+        rendezvous = _ScriptedRendezvous(rec, api)
         try:
             spec = shape.worker_spec(**worker_spec_kwargs(shape, config, rendezvous, _entrypoint))
         except Exception as e:
@@ -696,13 +739,24 @@ def _agent_target(cls: type) -> _Target:
             kwargs: dict[str, Any] = {}
             if "exit_barrier_timeout" in shape.keywords:
                 kwargs["exit_barrier_timeout"] = config.exit_barrier_timeout
-            if "log_dir" in shape.keywords:  # e.g. torchelastic's LocalElasticAgent makes one
-                kwargs["log_dir"] = scratch.enter_context(
+            log_dir = None
+            if "log_dir" in shape.keywords or supplied:  # torchelastic's LocalElasticAgent
+                log_dir = scratch.enter_context(            # makes one; so may a logs spec
                     tempfile.TemporaryDirectory(prefix="fsm-agent-conformance-"))
+            if "log_dir" in shape.keywords:
+                kwargs["log_dir"] = log_dir
+            for keyword in sorted(supplied):
+                assert api is not None and log_dir is not None
+                try:
+                    kwargs[keyword] = api.build(keyword, cls, log_dir)
+                except Exception as e:
+                    raise HarnessError(f"cannot build {keyword} for {name}: "
+                                       f"{type(e).__name__}: {e}") from None
             try:
                 agent = scripted(spec, **kwargs)
             except Exception as e:
-                raise HarnessError(f"cannot build {name}({passed}): "
+                problem = _harness_problem(e, name, api=api)
+                raise HarnessError(problem or f"cannot build {name}({passed}): "
                                    f"{type(e).__name__}: {e}") from None
             agent._fsm_recorder = rec
             driver = getattr(agent, "_fsm_driver", None)
@@ -713,7 +767,7 @@ def _agent_target(cls: type) -> _Target:
                 value: Any = agent._invoke_run(config.role)
             except (Exception, EndOfScript, RunawaySupervisor) as e:
                 value = e
-        problem = _harness_problem(value, name, agent)
+        problem = _harness_problem(value, name, agent, api)
         if problem is not None:
             raise HarnessError(problem)
         return value, agent
@@ -785,15 +839,27 @@ def _factory_target(factory: Callable[..., Any], name: str, timed: bool = False,
 
 
 def resolve_target(target: Any, spec: Any = DEFAULT_SPEC,
-                   driver: Callable[[Any], Any] | None = None) -> _Target:
+                   driver: Callable[[Any], Any] | None = None,
+                   target_api: TargetAPI | str | os.PathLike[str] | None = None) -> _Target:
     """Turn what the user gave the kit into a runnable target (see the module docstring).
 
     ``driver`` is ``make_driver(world) -> Driver``: the user's own driver, put between a factory
     (or ``Lifecycle``) and the kit's scripted driver, which it must drive as its outside world.
+    ``target_api`` declares what an agent class needs beyond torch's API (a
+    :class:`~fsm_agent.testing._target_api.TargetAPI`, ``"nvrx"`` or a YAML file).
     Raises :class:`HarnessError` when the kit cannot script it.
     """
     if isinstance(target, _Target):
         return target
+    api = None
+    if target_api is not None:
+        try:
+            api = load_target_api(target_api)
+        except ValueError as e:
+            raise HarnessError(str(e)) from None
+        if not is_agent_class(target):
+            raise HarnessError(f"a target API ({api.name}) declares what an agent class needs; "
+                               f"{describe(target)} is not one (a factory builds its own)")
     if driver is not None and not callable(driver):
         raise HarnessError(f"a driver must be a callable make_driver(world) -> Driver, "
                            f"got {driver!r}")
@@ -802,7 +868,7 @@ def resolve_target(target: Any, spec: Any = DEFAULT_SPEC,
             if driver is not None:
                 raise HarnessError(f"{describe(target)} is an agent class, which drives its own "
                                    "hooks: a driver goes with a factory(driver) or Lifecycle")
-            return _agent_target(target)
+            return _agent_target(target, api)
         from fsm_agent import Lifecycle
 
         if issubclass(target, Lifecycle):
@@ -1431,6 +1497,7 @@ def run_conformance(
     stateful: bool = False,
     params: Mapping[str, Any] | None = None,
     driver: Callable[[Any], Any] | None = None,
+    target_api: TargetAPI | str | os.PathLike[str] | None = None,
 ) -> None:
     """Check ``target`` against ``spec``'s reference behaviour; raise on a counterexample.
 
@@ -1450,13 +1517,18 @@ def run_conformance(
     scripted driver, which yours must call as its outside world (what is compared is what
     reaches ``world``).
 
+    ``target_api`` declares what an agent class asks for beyond torch's agent API: constructor
+    arguments and rendezvous handler methods, each answered from the script (``"nvrx"`` for
+    NVIDIA's ft_launcher agent, a YAML file, or a
+    :class:`~fsm_agent.testing._target_api.TargetAPI`; docs/conformance.md).
+
     Each example is one whole script (:func:`scripts`); ``stateful=True`` runs
     :class:`SupervisorConformance` instead (several runs per example, tick by tick; it finds the
     same bugs but shrinks several times slower).
     """
     # A bad target or spec fails here, not inside hypothesis; so does a target the kit cannot
     # script on the probe scripts (HarnessError).
-    tgt = resolve_target(target, spec, driver)
+    tgt = resolve_target(target, spec, driver, target_api)
     oracle = _oracle(spec)
     fixed = RunConfig(params=params or {}).params
     profile = _profile(spec, fixed)
@@ -1469,7 +1541,8 @@ def run_conformance(
     try:
         probe(tgt, params=fixed)
         if stateful:
-            machine = conformance_machine(tgt if driver is not None else target, spec)
+            wrapped = driver is not None or target_api is not None
+            machine = conformance_machine(tgt if wrapped else target, spec)
             if fixed:
                 machine._fixed_params = fixed
             machine._abort_on_harness_error = True

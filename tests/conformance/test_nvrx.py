@@ -1,34 +1,64 @@
 """The kit on NVIDIA's ft_launcher agent: ``nvidia-resiliency-ext`` 0.4.1 from PyPI (the last
-release that vendors torch elastic, under ``fault_tolerance._torch_elastic_compat``).
+release that vendors torch elastic, under ``fault_tolerance._torch_elastic_compat``), and 0.7.0
+where it installs (Python 3.12 only: docs/conformance.md has the commands).
 
 Installed by .ci/run with ``--no-deps`` (never touching torch), with the two pure imports its
 ``fault_tolerance`` package needs, ``psutil`` and ``defusedxml``; a test tool, not a dependency.
+On Python 3.11 (CI) 0.4.1 is installed and the 0.7.0 test skips; in a 3.12 environment with
+0.7.0 the 0.4.1 tests skip. 0.7.0's interface is also checked on 3.11 through a stand-in
+(``test_nvrx_070_standin.py``).
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
 
 from fsm_agent.testing._agent_shape import agent_shape
-from fsm_agent.testing._conformance import ConformanceFailure, default_settings, run_conformance
+from fsm_agent.testing._conformance import (
+    ConformanceFailure,
+    HarnessError,
+    default_settings,
+    run_conformance,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
 REJECT = settings(default_settings(300), database=None)
 
 
-@pytest.fixture(scope="module")
-def nvrx_agent() -> type:
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE_SPEC = ROOT / "examples" / "nvrx_0_7_0.yaml"
+
+
+def _installed(wanted: str) -> None:
     pytest.importorskip("nvidia_resiliency_ext.fault_tolerance.launcher",
-                        reason="pip install --no-deps nvidia-resiliency-ext==0.4.1 psutil "
+                        reason=f"pip install --no-deps nvidia-resiliency-ext=={wanted} psutil "
                                "defusedxml")
     from importlib.metadata import version
 
-    assert version("nvidia-resiliency-ext") == "0.4.1"
+    found = version("nvidia-resiliency-ext")
+    if found != wanted:
+        pytest.skip(f"nvidia-resiliency-ext {found} is installed, this test is for {wanted}")
+
+
+@pytest.fixture(scope="module")
+def nvrx_launcher() -> type:
+    """0.4.1's LocalElasticAgent itself (its constructor's extras come from the nvrx target
+    API)."""
+    _installed("0.4.1")
+    from nvidia_resiliency_ext.fault_tolerance.launcher import LocalElasticAgent
+
+    return LocalElasticAgent  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def nvrx_agent() -> type:
+    _installed("0.4.1")
     from nvidia_resiliency_ext.fault_tolerance._torch_elastic_compat.multiprocessing import (
         DefaultLogsSpecs,
     )
@@ -71,3 +101,32 @@ def test_ft_launcher_gives_up_by_looking_at_stopped_workers(nvrx_agent: type) ->
     assert rows[1][1].strip() in ("FAILED", "UNHEALTHY") and rows[1][-1].strip().endswith("stop")
     assert rows[2][-1].strip() == "monitor  <-- differs"
     assert "monitor() while the workers are stopped" in text
+
+
+def test_the_nvrx_target_api_builds_0_4_1_without_a_subclass(nvrx_launcher: type) -> None:
+    # Its constructor's config and logs spec come from the declaration (the logs spec is the
+    # vendored copy's, the one 0.4.1's launcher imports); the kit finds the same difference.
+    with pytest.raises(HarnessError, match="needs fault_tol_cfg, logs_specs"):
+        run_conformance(nvrx_launcher, spec="torchrun", settings=REJECT, seed=0)
+    with pytest.raises(ConformanceFailure) as info:
+        run_conformance(nvrx_launcher, spec="torchrun", settings=REJECT, seed=0,
+                        target_api="nvrx")
+    text = str(info.value)
+    assert "with target API nvrx does not conform" in text
+    assert "monitor() while the workers are stopped" in text
+
+
+def test_nvrx_0_7_0_real_agent() -> None:
+    # Python 3.12 only (0.7.0's wheel is cp312): the real agent, with no adapter, conforms to
+    # the example spec, and against torchrun shows the peer-opened restart it counts.
+    _installed("0.7.0")
+    from nvidia_resiliency_ext.fault_tolerance.launcher import LocalElasticAgent
+
+    run_conformance(LocalElasticAgent, spec=EXAMPLE_SPEC, settings=REJECT, seed=0,
+                    target_api="nvrx")
+    with pytest.raises(ConformanceFailure) as info:
+        run_conformance(LocalElasticAgent, spec="torchrun", settings=REJECT, seed=0,
+                        target_api="nvrx")
+    text = str(info.value)
+    assert re.search(r"^1 +\| HEALTHY +\| 1 ", text, re.M)
+    assert "actual outcome:   return FAILED {}; state FAILED" in text

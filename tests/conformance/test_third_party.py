@@ -178,3 +178,18 @@ def test_vendored_local_agent_needs_what_the_kit_cannot_give(vendored_api: Modul
         vendored_api.__name__.replace(".api", ".local_elastic_agent")).LocalElasticAgent
     with pytest.raises(HarnessError, match=r"its constructor needs logs_specs"):
         run_conformance(local, spec="torchrun", settings=ACCEPT)
+
+
+def test_a_target_api_file_supplies_torchs_local_agent_its_logs_spec(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # torch 2.13's real LocalElasticAgent needs logs_specs: exit 2 without a declaration, and
+    # with a one-line target API it is checked as it is, and conforms to torchrun.
+    declared = tmp_path / "local.yaml"
+    declared.write_text("constructor:\n  logs_specs: "
+                        "torch.distributed.elastic.multiprocessing:DefaultLogsSpecs\n")
+    target = "torch.distributed.elastic.agent.server.local_elastic_agent:LocalElasticAgent"
+    assert main([target, "--spec", "torchrun", "--examples", "50", "--seed", "1"]) == 2
+    assert "needs logs_specs" in capsys.readouterr().err
+    assert main([target, "--spec", "torchrun", "--target-api", str(declared),
+                 "--examples", "100", "--seed", "1"]) == 0
+    assert "conforms to spec 'torchrun'" in capsys.readouterr().out
