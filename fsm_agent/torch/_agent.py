@@ -691,15 +691,18 @@ class LifecycleAgentMixin:
         a subclass may add what its scheduler knows).
 
         After a failure it waits until every peer is accounted for (the failure may follow a
-        loss the keep-alive has not expired yet); on a healthy tick and at the exit barrier it
-        answers at once from what torch's keep-alive thread last read."""
+        loss the keep-alive has not expired yet); at the exit barrier it answers at once from
+        what torch's keep-alive thread last read; on a healthy tick from the state the tick's
+        membership check reads (``PeerWatch.lost_at_tick``)."""
         watch = self._fsm_peer_watch
         if watch is None:
             return ()
         lifecycle = self._lifecycle
         observed = lifecycle.context.observed if lifecycle is not None else None
         failed = observed is not None and observed.state.name in ("FAILED", "UNHEALTHY")
-        return watch.lost(wait=failed)
+        if failed or getattr(self, "_in_exit_barrier", False):
+            return watch.lost(wait=failed)
+        return watch.lost_at_tick(self._fsm_driver.num_nodes_waiting)
 
     def _fsm_rendezvous_poll(self) -> None:
         """Between two looks at the rendezvous state (torch's join loop): what it raises ends
