@@ -417,6 +417,7 @@ def curve_point(launcher: str, nnodes: int, nproc: int, steady: float,
     crash = run.worker_times("crash", 0)
     restarted = run.worker_times("start", 1)
     requests = sorted(e["t0"] for e in run.agent_events("store_req"))
+    request_ops = [(e["t0"], e.get("op", "?")) for e in run.agent_events("store_req")]
 
     def count(t0: float, t1: float) -> int:
         return sum(1 for t in requests if t0 <= t <= t1)
@@ -445,4 +446,9 @@ def curve_point(launcher: str, nnodes: int, nproc: int, steady: float,
     if window:
         out["store_steady_n"] = count(*window)
         out["store_steady_per_s"] = count(*window) / (window[1] - window[0])
+        ops: dict[str, int] = {}
+        for t, op in request_ops:
+            if window[0] <= t <= window[1]:
+                ops[op] = ops.get(op, 0) + 1
+        out["store_steady_ops"] = ops
     return out

@@ -1,4 +1,4 @@
-"""Every performance figure of issues 6 and 13, fsm-agent beside torchrun, in one session.
+"""Every performance figure, fsm-agent beside torchrun, in one session.
 
     python bench/run_all.py                  # the full run (about 12-14 minutes on 2 quiet cores)
     python bench/run_all.py --smoke          # every measure once, small (about 2-3 minutes)
@@ -40,7 +40,9 @@ PLOTS = ROOT / "docs" / "performance"
 SMOKE_DIR = Path(tempfile.gettempdir()) / "fsm-bench-smoke"
 LABEL = {"fsm": "fsm-agent", "torchrun": "torchrun"}
 MEASURES = ("startup", "engine", "detection", "cpu", "restart", "warm", "scale", "barrier",
-            "curves")
+            "curves", "store", "store_scale")
+#: The store load: steady requests per agent (torch's keep-alive included), at most.
+STORE_GOAL = 0.5
 
 
 def med(xs: Sequence[float]) -> float | None:
@@ -157,7 +159,7 @@ def bench_scale(smoke: bool) -> dict[str, Any]:
 
 
 def bench_warm(smoke: bool) -> dict[str, Any]:
-    """Issue 13's warm restart: a fail-once job whose 2 workers import torch; from the crash to
+    """The warm restart: a fail-once job whose 2 workers import torch; from the crash to
     every restarted worker's line after ``import torch`` (the workers' own clocks). fsm-agent with
     ``--preload torch`` against torchrun; fsm-agent cold as a reference (full run only)."""
     reps, restarts = (1, 1) if smoke else (2, 3)
@@ -183,8 +185,8 @@ def bench_warm(smoke: bool) -> dict[str, Any]:
 
 
 def bench_preload_startup(smoke: bool) -> dict[str, Any]:
-    """Issue 22: launch -> every worker of a 1 x 8 job past ``import torch``, fsm-agent
-    ``--preload torch`` (the first attempt forked from the template) against torchrun."""
+    """The preloaded start-up: launch -> every worker of a 1 x 8 job past ``import torch``,
+    fsm-agent ``--preload torch`` (the first attempt forked from the template) against torchrun."""
     nproc, reps = (4, 1) if smoke else (8, 3)
     launchers = {"torchrun": ("torchrun", False), "fsm --preload": ("fsm", True)}
     runs = alternate(reps, list(launchers), lambda key: agents.import_startup(
@@ -193,7 +195,7 @@ def bench_preload_startup(smoke: bool) -> dict[str, Any]:
     return {"nproc": nproc, **runs}
 
 
-#: Issue 22's real crashes (``BENCH_CRASH`` of ``bench/workers/crash_restart.py``): the crashing
+#: Real crashes (``BENCH_CRASH`` of ``bench/workers/crash_restart.py``): the crashing
 #: interpreter tears down before the process is gone, unlike the ``os._exit(1)`` above.
 REAL_CRASHES = {"sys_exit": "`sys.exit(1)`", "exception": "an uncaught exception"}
 
@@ -215,7 +217,7 @@ def bench_real_crashes(smoke: bool) -> dict[str, Any]:
     return out
 
 
-#: Issue 13's curves: workers per agent on one agent, and agents of one worker on loopback.
+#: The scale curves: workers per agent on one agent, and agents of one worker on loopback.
 CURVE_WORKERS, CURVE_AGENTS = (1, 8, 64), (2, 8, 32)
 SMOKE_WORKERS, SMOKE_AGENTS = (1, 4), (2,)
 
@@ -260,6 +262,24 @@ def bench_curves(smoke: bool) -> dict[str, Any]:
             f"{L} restart {ms(med(_vals(runs[L], 'restart')))} cpu "
             f"{100 * (med([c for r in runs[L] for c in r['cpu']]) or 0):.3f}% store "
             f"{med(_vals(runs[L], 'store_steady_per_s')) or 0:.1f}/s" for L in runs))
+    return out
+
+
+def bench_store(smoke: bool) -> dict[str, Any]:
+    """The store load as a new user sees it: 4 healthy agents, one sleeping worker each,
+    c10d on loopback; every store request of the agents in a steady window, per agent."""
+    nnodes, steady, reps = (4, 3.0, 1) if smoke else (4, 10.0, 2)
+    timeout = curve_timeout(nnodes, 1) + steady
+    runs = alternate(reps, ["torchrun", "fsm"],
+                     lambda L: _curve_job(L, nnodes, 1, steady, timeout))
+    out: dict[str, Any] = {"nnodes": nnodes, "steady_s": steady}
+    for L, rows in runs.items():
+        out[L] = [{"per_agent": r["store_steady_per_s"] / nnodes,
+                   "ops": r.get("store_steady_ops", {}), "returncodes": r["returncodes"]}
+                  for r in rows if r.get("store_steady_per_s") is not None]
+    log("store: " + ", ".join(
+        f"{L} {med([r['per_agent'] for r in out[L]]) or 0:.2f} req/s per agent"
+        for L in ("torchrun", "fsm")))
     return out
 
 
@@ -314,7 +334,8 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
     det, cpu, rst = results.get("detection", {}), results.get("cpu", {}), results.get("restart", {})
     add("## Summary")
     add("")
-    add("Targets marked (#13) are issue 13's: at or ahead of torchrun, same run, same interval.")
+    add("Targets marked (#13) are the scale targets: at or ahead of torchrun, same run, same "
+        "interval.")
     add("A row without figures was not measured in this run.")
     add("")
     add("| measure | fsm-agent | torchrun | ratio | target | verdict |")
@@ -415,6 +436,7 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
                 f" {'yes' if f['imports_torch'] else 'no'}) | {ms(f['median_s'])} | "
                 f"`import torch`: {ms(st['import torch']['median_s'])} | | < 0.3 s | "
                 f"{_verdict(f['median_s'] < 0.3 and not f['imports_torch'])} |")
+    render_store_rows(results, add)
     add("")
 
     if det:
@@ -501,7 +523,7 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
             add("is gone (`BENCH_CRASH`): from the crash to the last restarted worker past")
             add("`import torch`. `full exit`: the forked worker ends with the interpreter's")
             add("teardown (`FSM_AGENT_PRELOAD_FULL_EXIT=1`), as every warm worker did before")
-            add("issue 22's fast exit.")
+            add("the fast exit (`fsm_agent/torch/_template.py`).")
             add("")
             add("| crash | launcher | n | restart | min | max |")
             add("|---|---|---|---|---|---|")
@@ -528,6 +550,8 @@ def render(results: dict[str, Any], command: str, smoke: bool) -> str:
     curves = results.get("curves")
     if curves:
         render_curves(curves, add)
+    if results.get("store") or results.get("store_scale"):
+        render_store(results, add)
     if eng:
         add("## Engine cost")
         add("")
@@ -612,6 +636,87 @@ def render_curves(curves: dict[str, Any], add: Callable[[str], None]) -> None:
             add(f"| {p['nnodes']} x {p['nproc']} | {LABEL[L]} | "
                 + " | ".join(_curve_cells(p.get(L, []))) + " |")
     add("")
+
+
+def _store_medians(store: dict[str, Any]) -> tuple[float | None, float | None]:
+    return (med([r["per_agent"] for r in store.get("fsm", [])]),
+            med([r["per_agent"] for r in store.get("torchrun", [])]))
+
+
+def render_store_rows(results: dict[str, Any], add: Callable[[str], None]) -> None:
+    """The summary's rows for the store: the store load, and the scale harness's goals."""
+    store = results.get("store") or {}
+    f, t = _store_medians(store)
+    n = (len(store.get("fsm", [])), len(store.get("torchrun", [])))
+    ok = None if f is None or t is None else f <= STORE_GOAL and f < t
+    add(f"| store load: steady requests per agent, {store.get('nnodes', 4)} healthy agents "
+        f"(torch's own included; n={n[0]}/{n[1]}) | "
+        + " | ".join("n/a" if x is None else f"{x:.2f}/s" for x in (f, t))
+        + f" | {ratio(f, t)} | <= {STORE_GOAL}/s and below torchrun (#22) | {_verdict(ok)} |")
+    scale = results.get("store_scale") or {}
+    goal = scale.get("goals") or {}
+    size = goal.get("agents", 4096)
+    learn, host = goal.get("learn_p99_s"), goal.get("host_cpu")
+    add(f"| store scale: announcement -> the last of {size:,} agents knows it, p99 "
+        f"(`bench/store_scale.py`) | {ms(learn)} | | | <= 5 s at 4,096 (#22) | "
+        f"{_verdict(goal.get('learn_met') if goal else None)} |")
+    add(f"| store scale: the store host's CPU, {size:,} healthy agents | "
+        + ("n/a" if host is None else f"{host:.3f} cores")
+        + f" | | | < 0.5 core at 4,096 (#22) | "
+        f"{_verdict(goal.get('host_met') if goal else None)} |")
+    exact = "n/a" if not goal else ("exact" if goal.get("ledger_exact") else "wrong")
+    add(f"| store scale: restart ledger under a failure storm (every agent claims the same "
+        f"round at once) | {exact} | | | one entry per round (#22) | "
+        f"{_verdict(goal.get('ledger_exact') if goal else None)} |")
+
+
+def render_store(results: dict[str, Any], add: Callable[[str], None]) -> None:
+    """The store section: the store load of real agents and the scale harness's curves."""
+    add("## The rendezvous store at scale")
+    add("")
+    store = results.get("store")
+    if store:
+        add(f"Real agents: {store['nnodes']} agents on loopback (c10d), one sleeping worker "
+            f"each, every `TCPStore`/`PrefixStore` call of the agents in a "
+            f"{store['steady_s']:.0f} s steady window (`BENCH_STORE_REQS`), per agent; by "
+            "operation, summed over the agents and runs:")
+        add("")
+        add("| launcher | n | requests per agent per second | by operation |")
+        add("|---|---|---|---|")
+        for L in ("torchrun", "fsm"):
+            rows = store.get(L, [])
+            ops: dict[str, int] = {}
+            for r in rows:
+                for k, v in r["ops"].items():
+                    ops[k] = ops.get(k, 0) + v
+            per = med([r["per_agent"] for r in rows])
+            add(f"| {LABEL[L]} | {len(rows)} | {'n/a' if per is None else f'{per:.2f}'} | "
+                + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())) + " |")
+        add("")
+    scale = results.get("store_scale")
+    if scale:
+        add("Simulated agents (`bench/store_scale.py`): the real `JobChannel`/`AgentJob` code "
+            "of N agents in a few client processes, one `TCPStore` server process (libuv), "
+            f"loopback, {scale['cores']} cores; `watch` is the agents' scheme, `poll` the 0.2 s "
+            "poll they had before. Steady: a "
+            f"{scale['steady_s']:.0f} s window of healthy agents ticking once a second; "
+            "`learn`: one agent's announcement to each agent knowing it; `storm`: every agent "
+            "claims the same round's restart at once, until every claim returned. torch's own "
+            "rendezvous traffic is not simulated.")
+        add("")
+        add("| agents | scheme | client processes | store req/s | per agent | store host CPU | "
+            "learn p50 | learn p99 | learn max | knew it | storm | ledger |")
+        add("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in scale["rows"]:
+            storm = max((s["s"] for s in r["storm"]), default=None)
+            storm_cpu = max((s["host_cpu_s"] for s in r["storm"]), default=0.0)
+            add(f"| {r['agents']:,} | {r['mode']} | {r['procs']} | {r['req_per_s']:.1f} | "
+                f"{r['req_per_agent_s']:.3f} | {100 * r['host_cpu']:.1f}% | "
+                f"{ms(r.get('learn_p50'))} | {ms(r.get('learn_p99'))} | "
+                f"{ms(r.get('learn_max'))} | {r['learnt']}/{r['agents']} | {ms(storm)} "
+                f"({storm_cpu:.2f} s host CPU) | "
+                f"{'exact' if r['ledger_exact'] else r['ledger']} |")
+        add("")
 
 
 def _save(fig: Any, path: Path, plt: Any, dpi: int = 110) -> str:
@@ -832,6 +937,8 @@ def main(argv: list[str] | None = None) -> int:
         "barrier": lambda: run_script("exit_barrier", args.smoke),
         "warm": lambda: bench_warm(args.smoke),
         "curves": lambda: bench_curves(args.smoke),
+        "store": lambda: bench_store(args.smoke),
+        "store_scale": lambda: run_script("store_scale", args.smoke),
     }
     for name in wanted:
         log(f"{name} ...")

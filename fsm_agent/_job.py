@@ -7,8 +7,10 @@ a ``TCPStore`` hosted by one of the agents. :class:`JobChannel` adds a few keys 
 ``outcome``
     The job's outcome once an agent gave up: written with ``compare_set`` on the absent key, so
     the first announcement wins and every agent reads the same one (JSON: exit code, node,
-    reason). Agents poll for it wherever they wait (:meth:`JobChannel.poll`, at most every
-    ``poll_interval``); an agent that reads it stops its workers and ends with the same outcome.
+    reason). Agents learn it wherever they wait (:meth:`JobChannel.poll`): from their
+    :class:`OutcomeWatch` (no request while nothing happens), or without one by a look at the
+    store at most every ``poll_interval``; an agent that reads it stops its workers and ends
+    with the same outcome.
 ``acks``
     A counter (``store.add``): every agent adds 1 when it learns the outcome. The agents wait
     (boundedly) until everyone of the last round has, so that the agent hosting the store does
@@ -31,6 +33,13 @@ a ``TCPStore`` hosted by one of the agents. :class:`JobChannel` adds a few keys 
     the agent that wrote it and its reason. ``identity`` names the machine, not the agent
     process (the torch agent: its rendezvous address, torch's ``--local-addr`` or the host's
     FQDN), so an agent a scheduler starts again on that machine reads it and never joins.
+``watchers`` and ``wake/<i>``
+    Agents that watch instead of polling (:class:`OutcomeWatch`) take a number from the
+    ``watchers`` counter and block, on a store connection of their own, in ``store.wait`` on
+    their ``wake/<i>`` key; the announcement that wins sets every one of them (one
+    ``multi_set``), and an agent that ends sets its own to stop its watch. One key per watcher
+    because a store wait ends only when *all* its keys exist, so a watch on the outcome itself
+    could never be stopped without announcing.
 
 Nothing here does I/O of its own beyond the store it is given; :class:`MemoryStore` has the same
 semantics as ``TCPStore`` for the operations used, for tests and simulations. The model checked
@@ -40,11 +49,13 @@ by TLC (``specs/model/JobProtocol.tla``) is this protocol; docs/job-protocol.md 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -56,10 +67,12 @@ __all__ = [
     "JOB_FAILED",
     "LINGER_TIMEOUT",
     "POLL_INTERVAL",
+    "WATCH_REARM",
     "JobChannel",
     "JobOutcome",
     "JobOver",
     "MemoryStore",
+    "OutcomeWatch",
     "Store",
     "StoreTimeout",
 ]
@@ -71,8 +84,14 @@ JOB_FAILED = "job_failed"
 POLL_INTERVAL = 0.2
 #: The longest an agent waits, after the job failed, for the others to acknowledge it.
 LINGER_TIMEOUT = 10.0
+#: How long a watch blocks in one store wait before it looks at the outcome itself and waits
+#: again (seconds): only a backstop for an outcome written without waking the watchers (an
+#: announcer killed between its two requests, a hand-written key), so long; every timeout also
+#: costs a C++ warning line from torch's store client.
+WATCH_REARM = 3600.0
 
 _PREFIX = "fsm_agent/job"
+logger = logging.getLogger("fsm_agent.job")
 #: The longest announced reason an agent reads (the rest is cut off).
 MAX_REASON = 2000
 #: How often ``announce`` replaces a refused announcement before it stops trying.
@@ -187,6 +206,33 @@ class MemoryStore:
             self._op("check")
             return all(k in self._data for k in keys)
 
+    def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
+        """Set every key of ``keys`` to its value, in one request."""
+        with self._cond:
+            self._op("multi_set")
+            for key, value in zip(keys, values, strict=True):
+                self._data[key] = _b(value)
+            self._cond.notify_all()
+
+    def wait(self, keys: list[str], timeout: timedelta | float | None = None) -> None:
+        """Block until every key of ``keys`` exists (TCPStore's server answers a waiting client
+        when the last one is set); :class:`StoreTimeout` after ``timeout`` (default the store's),
+        ``ConnectionError`` once the store is closed."""
+        if isinstance(timeout, timedelta):
+            timeout = timeout.total_seconds()
+        limit = self.timeout if timeout is None else timeout
+        with self._cond:
+            self._op("wait")
+            if not self._cond.wait_for(
+                    lambda: self.closed or all(k in self._data for k in keys), limit):
+                raise StoreTimeout(f"wait timeout after {limit * 1000:.0f}ms, keys: {keys}")
+            self._op("wait")  # closed while waiting
+
+    def clone(self) -> MemoryStore:
+        """Another client of the same store (TCPStore's ``clone`` opens a connection): here the
+        store itself, which is thread-safe."""
+        return self
+
     def close(self) -> None:
         """The store's host is gone: every call from now on raises ``ConnectionError``."""
         with self._cond:
@@ -236,6 +282,137 @@ class JobOutcome:
         """One line for logs and the final message."""
         what = "the job is preempted" if self.preempted else "the job failed"
         return f"{what}: {self.reason} (announced by {self.node}, exit code {self.exit_code})"
+
+
+def _timed_out(error: BaseException) -> bool:
+    """Whether a store wait ended by its own timeout (the watch waits again) rather than by a
+    lost connection (the store's host is gone): ``MemoryStore``'s ``StoreTimeout``, TCPStore's
+    ``DistStoreError`` "wait timeout"."""
+    return isinstance(error, TimeoutError) or (
+        type(error).__name__ == "DistStoreError" and "timeout" in str(error).lower())
+
+
+class OutcomeWatch:
+    """Learn the job's outcome when it is announced, without polling the store for it.
+
+    A thread blocks in ``wait([wake_key])`` on a store connection of its own (``connect``:
+    ``TCPStore.clone``, the same server on a new socket, so that the agent's own calls are never
+    queued behind the wait). The server answers the wait when the key is set: the winning
+    announcement sets every watcher's key (:meth:`JobChannel.announce`), so the outcome reaches
+    a watching agent in one server round trip, and an idle watch costs no request at all. The
+    wait times out after ``rearm`` seconds; the watch then reads the outcome itself and waits
+    again, which is the only steady traffic and the backstop for an outcome that was written
+    without waking anyone.
+
+    ``on_fire`` is called from the watch's thread once :attr:`raw` (the outcome's store value)
+    or :attr:`error` (the connection failed: the store's host is gone) is set, to end the agent's
+    current wait at once. :meth:`stop` sets this watch's own key, so the thread ends and its
+    connection is closed with it.
+    """
+
+    def __init__(self, store: Store, outcome_key: str, watchers_key: str, wake_prefix: str,
+                 connect: Callable[[], Any], *, on_fire: Callable[[], object] | None = None,
+                 rearm: float = WATCH_REARM) -> None:
+        self._store = store
+        self._connect = connect
+        self._on_fire = on_fire
+        self.outcome_key = outcome_key
+        self.rearm = rearm
+        #: The outcome's store value once the watch saw it.
+        self.raw: bytes | None = None
+        #: What the watch's connection raised (the store is lost), if it did.
+        self.error: BaseException | None = None
+        #: Waits that timed out and were made again (the steady traffic).
+        self.rearms = 0
+        self._stopping = False
+        self._fired = threading.Event()
+        #: Set once the watch has its connection and looked at the outcome (it waits next).
+        self.armed = threading.Event()
+        # a number first, then the look at the outcome (in the thread): an announcement that
+        # read the counter before this add was written before that look
+        self.index = int(store.add(watchers_key, 1))
+        self.wake_key = f"{wake_prefix}/{self.index}"
+        self._thread = threading.Thread(target=self._run, name=f"fsm-agent-watch-{self.index}",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        """Whether the watch still answers for the outcome (its thread runs, or it saw it)."""
+        return self.raw is not None or self.error is not None or self._thread.is_alive()
+
+    @property
+    def fired(self) -> bool:
+        """Whether the outcome (or the store's loss) has been seen."""
+        return self._fired.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until :attr:`fired`, at most ``timeout`` seconds; whether it is."""
+        return self._fired.wait(timeout)
+
+    def _run(self) -> None:
+        try:
+            conn = self._connect()
+        except Exception as e:
+            # no second connection (a file limit, say): not the store's loss, which the
+            # agent's own calls would see; the channel polls as it would without a watch
+            self.armed.set()
+            logger.warning("job watch: no connection of its own to the store (%s: %s); "
+                           "polling it instead", type(e).__name__, e)
+            return
+        try:
+            self._watch(conn)
+        except Exception as e:  # the connection failed: the store's host is gone
+            self.armed.set()
+            if not self._stopping:
+                # without its traceback, whose frames would keep the connection open
+                self.error = e.with_traceback(None)
+                logger.debug("job watch %s ended: %s", self.wake_key, e)
+        if self.raw is not None or self.error is not None:
+            self._fired.set()
+            if self._on_fire is not None:
+                try:
+                    self._on_fire()
+                except Exception:  # waking the agent is a courtesy; its next look finds it
+                    logger.debug("job watch: on_fire failed", exc_info=True)
+
+    def _watch(self, conn: Any) -> None:
+        keys = [self.wake_key]
+        while not self._stopping:
+            if conn.check([self.outcome_key]):
+                self.raw = bytes(conn.get(self.outcome_key))
+                self.armed.set()
+                return
+            self.armed.set()
+            try:
+                conn.wait(keys, timedelta(seconds=self.rearm))
+            except Exception as e:
+                if not _timed_out(e):
+                    raise
+                self.rearms += 1
+                continue
+            if self._stopping or not conn.check([self.outcome_key]):
+                # stopped, or a wake-up without an outcome (the key written by hand): the
+                # watch ends here and the channel polls as it would without one
+                return
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the watch: its thread and its connection (waits at most ``timeout`` seconds for
+        the thread; a store that cannot be reached has ended its wait already)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._thread.is_alive():
+            try:
+                self._store.set(self.wake_key, b"stop")
+            except Exception:  # the store is gone, and the watch's wait with it
+                logger.debug("job watch: could not set %s", self.wake_key, exc_info=True)
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the watch's thread still runs."""
+        return self._thread.is_alive()
 
 
 class JobOver(TriggerInterrupt):
@@ -303,6 +480,9 @@ class JobChannel:
         self.notes_prefix = f"{base}/notes"
         self.quarantine_prefix = f"{base}/quarantined"
         self.first_failure_prefix = f"{base}/first_failure"
+        self.watchers_key = f"{base}/watchers"
+        self.wake_prefix = f"{base}/wake"
+        self._watch: OutcomeWatch | None = None
         self._outcome: JobOutcome | None = None
         self._acked = False
         self._last_poll = -math.inf
@@ -325,6 +505,8 @@ class JobChannel:
         expected: str | bytes = ""
         for _ in range(_REPLACE_ATTEMPTS):
             held = self.store.compare_set(self.outcome_key, expected, mine.encode())
+            if held == mine.encode():
+                self._wake_watchers()
             if self._learn(JobOutcome.decode(held)):
                 assert self._outcome is not None
                 return self._outcome
@@ -333,11 +515,63 @@ class JobChannel:
         self.ack()
         return mine
 
+    def _wake_watchers(self) -> None:
+        # after the outcome's compare_set: a watcher numbered after this read looks at the
+        # outcome once it has its number, and finds it
+        count = int(self.store.add(self.watchers_key, 0))
+        if count <= 0:
+            return
+        keys = [f"{self.wake_prefix}/{i}" for i in range(1, count + 1)]
+        multi_set = getattr(self.store, "multi_set", None)
+        if multi_set is not None:
+            multi_set(keys, [b"outcome"] * count)
+        else:
+            for key in keys:
+                self.store.set(key, b"outcome")
+
+    # -- watching instead of polling ---------------------------------------------------------
+
+    def watch(self, connect: Callable[[], Any] | None = None, *,
+              on_fire: Callable[[], object] | None = None,
+              rearm: float = WATCH_REARM) -> OutcomeWatch:
+        """Learn the outcome from an :class:`OutcomeWatch` from now on: :meth:`poll` then reads
+        what the watch saw and asks the store nothing (``force`` still does). ``connect`` opens
+        the watch's own connection (default: the store's ``clone``)."""
+        if self._watch is not None:
+            return self._watch
+        if connect is None:
+            connect = self.store.clone  # type: ignore[attr-defined]
+        self._watch = OutcomeWatch(self.store, self.outcome_key, self.watchers_key,
+                                   self.wake_prefix, connect, on_fire=on_fire, rearm=rearm)
+        return self._watch
+
+    @property
+    def watching(self) -> OutcomeWatch | None:
+        """The watch that answers :meth:`poll`, while it does (None: the channel polls)."""
+        watch = self._watch
+        return watch if watch is not None and watch.active else None
+
+    def close(self) -> None:
+        """Stop the watch (its thread and connection); the channel polls from now on."""
+        watch = self._watch
+        if watch is not None:
+            watch.stop()
+
     def poll(self, *, force: bool = False) -> JobOutcome | None:
-        """The outcome if it has been announced; looks at the store at most every
-        ``poll_interval`` unless ``force``. Store errors propagate (the store's host is gone)."""
+        """The outcome if it has been announced. With a watch, what the watch saw (no store
+        request); otherwise a look at the store at most every ``poll_interval``. ``force``
+        always looks. Store errors propagate (the store's host is gone), the watch's too."""
         if self._outcome is not None:
             return self._outcome
+        watch = self._watch
+        if watch is not None and not force:
+            if watch.raw is not None:
+                self._learn(JobOutcome.decode(watch.raw))
+                return self._outcome
+            if watch.error is not None:
+                raise watch.error
+            if watch.active:
+                return None
         now = self._clock()
         if not force and now - self._last_poll < self.poll_interval:
             return None

@@ -160,11 +160,6 @@ ROOT = PKG.parent
 #: A project's public tracker may be named: "pytorch issue 135712", "owner/repo issue 7".
 _UPSTREAM = {"pytorch", "torch", "kubeflow", "jobset", "nvrx", "nvidia-resiliency-ext"}
 _ISSUE = re.compile(r"\bissues?\s+#?\d+", re.IGNORECASE)
-# Files other changes are rewriting at the same time; they are cleaned when those land, and
-# the list is emptied then.
-_NOT_YET = {
-    "fsm_agent/_job.py", "fsm_agent/torch/_job.py", "docs/job-protocol.md", "docs/performance.md",
-}
 
 
 def _private_issue_references(text: str) -> list[str]:
@@ -184,10 +179,9 @@ def test_no_references_to_the_projects_own_issue_tracker() -> None:
     bad = {}
     for path in files:
         rel = path.relative_to(ROOT).as_posix()
-        if rel not in _NOT_YET:
-            refs = _private_issue_references(path.read_text(errors="replace"))
-            if refs:
-                bad[rel] = refs
+        refs = _private_issue_references(path.read_text(errors="replace"))
+        if refs:
+            bad[rel] = refs
     assert bad == {}, "name the doc section or test instead of the issue: " + repr(bad)
 
 

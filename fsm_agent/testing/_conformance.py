@@ -1057,7 +1057,7 @@ def _make_profile(spec: Any, fixed: tuple[tuple[str, Any], ...]) -> _Profile:
     unknown = sorted(set(dict(fixed)) - set(defaults))
     if unknown:
         if spec == "resilient":
-            raise ValueError(f"the reference for resilient (README's behaviour table) has no parameter "
+            raise ValueError(f"the reference for resilient (README's table) has no parameter "
                              f"{unknown[0]!r} (its parameters: {', '.join(sorted(defaults))}); "
                              "check the others against the spec file, specs/resilient.yaml, "
                              "where the engine is the reference")

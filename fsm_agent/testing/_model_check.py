@@ -320,7 +320,7 @@ CONSTANTS
 SPECIFICATION Spec
 {symmetry}
 INVARIANTS JobBudget AgentBudget Agreement NoStaleHealthy PromptEnd FailureAnnounced
-    JobFailedHandled StoppedAtEnd DrainNotSuccess
+    JobFailedHandled StoppedAtEnd DrainNotSuccess WatchSound WatchDelivers
 {properties}
 """
 

@@ -458,10 +458,13 @@ class LifecycleAgentMixin:
                 if sampling:
                     assert hangs is not None
                     step = min(step, max(hangs.next_sample_in(), 1e-3))
-                if job is not None:
-                    step = min(step, job.poll_interval)
+                if job is not None and not (job.watched and self._fsm_wakeable()):
+                    step = min(step, job.poll_interval)  # no watch to end the wait: poll
                 woke = self._fsm_wait(step)
                 if woke is not False:
+                    if job is not None and job.check() is not None:  # the watch's wake-up
+                        quiet.waited(True)
+                        return JOB_FAILED
                     break
         else:
             woke = self._fsm_wait(interval)
@@ -638,6 +641,10 @@ class LifecycleAgentMixin:
             self._worker_group.spec.role, what, type(error).__name__, error,
         )
 
+    def _fsm_wakeable(self) -> bool:
+        """Whether another thread can end the current wait (the waker is not a plain sleep)."""
+        return self._fsm_waker().backend != "tick"
+
     def _fsm_waker(self) -> WorkerExitWaker:
         # Created on first use, so subclasses whose __init__ runs first need nothing extra.
         waker = self._fsm_exit_waker
@@ -684,15 +691,18 @@ class LifecycleAgentMixin:
         a subclass may add what its scheduler knows).
 
         After a failure it waits until every peer is accounted for (the failure may follow a
-        loss the keep-alive has not expired yet); on a healthy tick and at the exit barrier it
-        answers at once from what torch's keep-alive thread last read."""
+        loss the keep-alive has not expired yet); at the exit barrier it answers at once from
+        what torch's keep-alive thread last read; on a healthy tick from the state the tick's
+        membership check reads (``PeerWatch.lost_at_tick``)."""
         watch = self._fsm_peer_watch
         if watch is None:
             return ()
         lifecycle = self._lifecycle
         observed = lifecycle.context.observed if lifecycle is not None else None
         failed = observed is not None and observed.state.name in ("FAILED", "UNHEALTHY")
-        return watch.lost(wait=failed)
+        if failed or getattr(self, "_in_exit_barrier", False):
+            return watch.lost(wait=failed)
+        return watch.lost_at_tick(self._fsm_driver.num_nodes_waiting)
 
     def _fsm_rendezvous_poll(self) -> None:
         """Between two looks at the rendezvous state (torch's join loop): what it raises ends
@@ -732,6 +742,8 @@ class LifecycleAgentMixin:
         unhook = notify_background_syncs(handler, _weak_method(self._fsm_wake))
         self._fsm_job = AgentJob.for_handler(handler, role=self._worker_group.spec.role)
         if self._fsm_job is not None:
+            # the outcome reaches this agent by a watch that ends its wait (no polling)
+            self._fsm_job.start_watch(on_fire=_weak_method(self._fsm_wake))
             self._fsm_job.on_announced = self._fsm_driver.release_exit_barrier
             if PREEMPTED_TRIGGER in self._lifecycle_spec.triggers:
                 self._fsm_job.preempted_trigger = PREEMPTED_TRIGGER
@@ -759,6 +771,7 @@ class LifecycleAgentMixin:
                 # the job's outcome, so that this agent does not take the store down too early.
                 job.linger(max(1, self._worker_group.group_world_size or 1),
                            min(LINGER_TIMEOUT, self._exit_barrier_timeout))
+                job.close()
             unhook()
             self._fsm_driver.close()
             self._fsm_driver.bind(None)  # the lifecycle (kept for inspection) refers to the driver

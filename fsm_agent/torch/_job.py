@@ -7,8 +7,11 @@ their etcd client, ``fsm_agent.torch._etcd``; ``static`` has none: its agents de
 torch's). It is what the agent calls wherever it waits:
 
 - between two monitor ticks and in a backoff (``LifecycleAgentMixin._monitor_wait``): the wait
-  is cut into slices of at most ``POLL_INTERVAL`` and returns ``job_failed`` once an outcome is
-  read, which the lifecycle fires;
+  returns ``job_failed`` once the outcome is known, which the lifecycle fires. The outcome comes
+  from a watch (:meth:`AgentJob.start_watch`, ``fsm_agent._job.OutcomeWatch``: a thread blocked
+  in a store wait on a connection of its own, which ends the agent's wait when the outcome is
+  announced), so the waits ask the store nothing; without one (a store that cannot be cloned)
+  the wait is cut into slices of at most ``POLL_INTERVAL``, each a look at the store;
 - in a rendezvous: torch's join loop calls :meth:`rendezvous_poll` between two looks at the
   rendezvous state (``fast_rendezvous(poll=...)``); it raises :class:`fsm_agent._job.JobOver`, a
   ``TriggerInterrupt``: the engine abandons the transition and takes ``job_failed`` from the
@@ -49,7 +52,7 @@ from fsm_agent._job import (
 from fsm_agent.torch._bounded import StoreCalls, StoreUnresponsive, bound_backend, timeout_of
 
 __all__ = ["JOB_FAILED", "STORE_ERRORS", "AgentJob", "JobFailed", "RendezvousStoreLost",
-           "node_identity", "round_of", "store_of"]
+           "connector", "node_identity", "round_of", "store_of"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -58,6 +61,8 @@ logger = logging.getLogger("fsm_agent.torch")
 #: ``SignalException`` wherever the main thread is, often inside a store call, and the agent must
 #: end as the signal says, not as if the store were lost.
 STORE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, OSError)
+#: The longest the ledger's count shown between two rounds may be old (seconds).
+LEDGER_REFRESH = 30.0
 
 
 #: The store operations the job protocol calls (``fsm_agent._job.Store``).
@@ -124,6 +129,23 @@ def _members(handler: Any) -> set[str] | None:
             lock.release()
 
 
+def connector(store: Any) -> Callable[[], Any] | None:
+    """What opens a second connection to ``store``'s server, for a watch (None: none can be).
+
+    A ``TCPStore`` client of the same host and port, with the store's own timeout and backend:
+    ``TCPStore.clone()`` does the same but takes about 0.25 s here (its client connects
+    without libuv), a libuv client under a millisecond.
+    """
+    from torch.distributed import TCPStore
+
+    if isinstance(store, TCPStore):
+        host, port, timeout = store.host, store.port, store.timeout
+        libuv = bool(getattr(store, "libuvBackend", True))
+        return lambda: TCPStore(host, port, is_master=False, timeout=timeout, use_libuv=libuv)
+    clone = getattr(store, "clone", None)
+    return clone if callable(clone) else None
+
+
 class AgentJob:
     """One agent's part in the job-wide protocol: its channel, and what it has learnt."""
 
@@ -151,6 +173,9 @@ class AgentJob:
         #: left (its heartbeat expired, torch dropped it) still counts.
         self._seen: set[str] = set()
         self._refused: set[JobOutcome] = set()
+        #: Opens the watch's own store connection (``TCPStore.clone`` of the rendezvous store).
+        self.connect: Callable[[], Any] | None = None
+        self._count_round: str | None = None
 
     @property
     def round_id(self) -> str | None:
@@ -197,6 +222,7 @@ class AgentJob:
         # is one of theirs
         node = node or (repr(this_node) if this_node is not None
                         else f"{socket.gethostname()}:{os.getpid()}")
+        connect = connector(store)
         timeout = timeout_of(store)
         if timeout is not None:
             # every store call ends within the store's timeout (fsm_agent.torch._bounded)
@@ -208,6 +234,7 @@ class AgentJob:
         if _members(handler) is not None:
             job._handler = handler
             job.channel.vet = job._vet
+        job.connect = connect
         return job
 
     # -- quarantine (fsm_agent._quarantine) ----------------------------------------------------
@@ -228,6 +255,30 @@ class AgentJob:
             return self.channel.quarantined(self.identity)
         except STORE_ERRORS:
             return None
+
+    # -- the watch ---------------------------------------------------------------------------
+
+    def start_watch(self, on_fire: Callable[[], object] | None = None) -> bool:
+        """Learn the outcome from a watch from now on (``on_fire``: wakes the agent's wait);
+        False when there is none to be had (the store cannot open a second connection, or
+        refused it: the waits poll, as before)."""
+        if self.connect is None:
+            return False
+        try:
+            self.channel.watch(self.connect, on_fire=on_fire)
+        except STORE_ERRORS as e:
+            logger.debug("[%s] no job watch (%s); polling the store", self.role, e)
+            return False
+        return True
+
+    @property
+    def watched(self) -> bool:
+        """Whether the outcome reaches this agent without polling."""
+        return self.channel.watching is not None
+
+    def close(self) -> None:
+        """End the watch, its thread and its connection (the agent's run is over)."""
+        self.channel.close()
 
     # -- what the agent asks while it waits ---------------------------------------------------
 
@@ -320,12 +371,17 @@ class AgentJob:
 
     def restart_count(self, window: float, budget: str | None = "") -> int:
         """Failure restarts the job has counted against ``budget`` ("": the default; ``ANY``:
-        every budget). The ledger is read at most once per poll interval: every monitor tick
-        asks, for the ``remaining_restarts`` metric."""
+        every budget). Every monitor tick asks (the ``remaining_restarts`` metric), so the
+        ledger is read again only when it can have changed for this agent: a new rendezvous
+        round (a claim is made for a failed round, and a restart follows it), its own claim,
+        or :data:`LEDGER_REFRESH` seconds after the last read. The guards that decide
+        (``restarts_left``, the claim) always read it."""
         now = time.monotonic()
-        if now - self._count_read >= self.poll_interval:
+        if (self._count_round != self.round_id
+                or now - self._count_read >= max(self.poll_interval, LEDGER_REFRESH)):
             self.channel.entries()
             self._count_read = now
+            self._count_round = self.round_id
         return self.channel.restart_count(window, cached=True, budget=budget)
 
     def restarts_left(self, max_restarts: int, window: float, budget: str = "") -> int:

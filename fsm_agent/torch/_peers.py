@@ -49,6 +49,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from fsm_agent.torch._compat import enabled
+from fsm_agent.torch._fastpath import cached_nodes_waiting
 
 __all__ = ["LOST_ATTR", "PeerWatch", "RoundLost", "abortable_bootstrap", "install_peer_watch"]
 
@@ -173,6 +174,22 @@ class PeerWatch:
                 return ()
             time.sleep(POLL)
 
+
+    def lost_at_tick(self, membership: Callable[[], object]) -> tuple[str, ...]:
+        """:meth:`lost` without waiting, on the rendezvous state the tick's membership check
+        reads (``membership``: that check, ``num_nodes_waiting``).
+
+        A healthy tick asks ``peer_lost`` first and ``nodes_waiting`` next (``resilient``:
+        restart for waiting nodes unless a peer is lost). Once torch's cached copy of the state
+        has run out (1 s), the membership check reads it afresh, and that read can be the first
+        to show what another agent's sync found: a peer dropped, and the spare its loss let in
+        now waiting. Answered from the older copy, the tick would see the waiting node without
+        the loss and restart as for a newcomer. So the read is made here first, when it is due;
+        ``membership`` then answers from it (no extra store read).
+        """
+        if self._peers and cached_nodes_waiting(self._handler) is None:
+            membership()
+        return self.lost(wait=False)
 
     def round_rank0(self) -> Any | None:
         """The node that is rank 0 of the round just completed (the one whose agent publishes

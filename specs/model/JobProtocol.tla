@@ -20,6 +20,28 @@
 (* a timeout fires only when what it waits for can no longer happen (a     *)
 (* node is gone), and never while the announcement it would have read is   *)
 (* already in the store and the agent can act on it.                       *)
+(*                                                                         *)
+(* How an agent reads the announcement while it waits: a watch            *)
+(* (fsm_agent._job.OutcomeWatch), a thread blocked in a store wait on a   *)
+(* connection of its own, which the winning announcement wakes; the        *)
+(* agent's waits read what the watch saw. A step of the model that reads  *)
+(* ann is the agent reading its watch. What the watch guarantees, and the *)
+(* model therefore assumes or checks:                                      *)
+(*  - it never fires early: it reports an outcome only once one is in the *)
+(*    store (the wake-up keys are set after the outcome's compare_set);    *)
+(*    the invariant WatchSound;                                            *)
+(*  - it is not lost: a watcher that took its number before the announcer *)
+(*    read the count is woken, one that took it after finds the outcome   *)
+(*    when it looks before its first wait; and a wait that times out       *)
+(*    (spuriously, or because the outcome was written without waking) is  *)
+(*    made again after a look at the outcome. A re-arm changes nothing the *)
+(*    protocol sees, a stuttering step, so it is not written (a step that  *)
+(*    changes no variable would hide deadlocks from TLC);                  *)
+(*  - so a waiting agent learns the outcome eventually: no agent exits     *)
+(*    with the outcome unread (the invariant WatchDelivers) and every     *)
+(*    agent ends (Termination, under fairness, in the liveness runs);      *)
+(*  - its delay is one server round trip, short against every timeout, as *)
+(*    a poll's was (the Quiet assumption below stands as before).          *)
 (***************************************************************************)
 EXTENDS Naturals, Sequences, FiniteSets
 
@@ -363,8 +385,8 @@ Linger(a) ==
     /\ UNCHANGED <<st, todo, dst, blk, wk, rnd, used, code, sig, round, members, joining,
                    arrived, ledger, faults, restarts, failing, stale, slow, flaw>>
 
-\* Wherever it waits, the agent polls the store and acknowledges the announcement it reads,
-\* even where its lifecycle cannot act on it.
+\* Wherever it waits, the agent reads its watch and acknowledges the announcement the watch
+\* saw, even where its lifecycle cannot act on it.
 Ack(a) ==
     /\ proc[a] = "run" /\ ann # None /\ ~seen[a]
     /\ seen' = [seen EXCEPT ![a] = TRUE]
@@ -525,5 +547,12 @@ DrainNotSuccess == /\ \A a \in Agents : sig[a] /\ proc[a] \in {"end", "exit"} =>
                                           => rep[a] = <<"PREEMPTED", PreemptCode>>
 \* Every agent reaches an end: it exits, or its process is gone (under fairness).
 Termination == <>(\A a \in Agents : proc[a] \in Gone)
+\* A watch reports an outcome only once it is in the store: an agent that has read (and
+\* acknowledged) the announcement read one that exists.
+WatchSound == \A a \in Agents : seen[a] => ann # None
+\* A watch is never lost: no agent exits with the job's outcome without having read it from its
+\* watch. With Termination (every agent ends, under fairness), a waiting agent learns the
+\* outcome eventually; a re-arm of the wait is a stuttering step, which fairness allows.
+WatchDelivers == \A a \in Agents : proc[a] = "exit" /\ rep[a][1] # "SUCCEEDED" => seen[a]
 
 =============================================================================

@@ -232,6 +232,12 @@ def test_an_announced_exit_code_that_is_no_failures_still_fails_every_agent(
     forged = json.dumps({"exit_code": code, "node": _a_participant(store, "forged"),
                          "reason": "\x1b[2J\x1b[1;31m" + "x" * 100_000})
     store.compare_set("fsm_agent/job/forged/outcome", "", forged)
+    # as an announcement does, wake the agents' watches (fsm_agent._job.OutcomeWatch): an
+    # outcome written without it is read at a watch's re-arm or the next rendezvous
+    watchers = store.add("fsm_agent/job/forged/watchers", 0)
+    assert watchers == 2, watchers  # each agent watches
+    for i in range(1, watchers + 1):
+        store.set(f"fsm_agent/job/forged/wake/{i}", "forged")
     rcs = a.wait(60), b.wait(60)
     assert rcs == (1, 1), (a.output + b.output)[-4000:]
     for job in (a, b):

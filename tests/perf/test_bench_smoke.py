@@ -8,6 +8,7 @@ timing targets are for the benchmark's report, not for tests.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -100,3 +101,33 @@ def test_smoke_runs_both_launchers_reports_every_target_and_leaves_docs_alone(
     pytest.importorskip("matplotlib")
     assert {p.name for p in (out / "performance").glob("*.png")} == {
         "curves.png", "store_requests.png"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_store_scale_smoke_runs_the_real_job_code_and_counts_the_ledger_once_per_round(
+    tmp_path: Path,
+) -> None:
+    # the store's scale harness (bench/store_scale.py), small: every simulated agent learns the
+    # announcement, the failure storm leaves one ledger entry per round, and no watch thread
+    # outlives its agent
+    pytest.importorskip("torch")
+    out = tmp_path / "scale.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "store_scale.py"), "--smoke", "--json", str(out)],
+        cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True,
+        timeout=280, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert {(r["agents"], r["mode"]) for r in rows} == {
+        (n, m) for n in (16, 64) for m in ("watch", "poll")}
+    for r in rows:
+        assert r["learnt"] == r["agents"], r
+        assert r["ledger_exact"] and r["ledger"] == ["1", "2"], r
+        assert r["threads_left"] == 0, r
+        assert not [e for s in r["storm"] for e in s["errors"]], r
+    # a healthy watching agent asks the store (almost) nothing; a polling one asks every 0.2 s
+    by = {(r["agents"], r["mode"]): r for r in rows}
+    assert by[(64, "watch")]["req_per_s"] < by[(64, "poll")]["req_per_s"] / 10, by

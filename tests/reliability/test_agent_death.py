@@ -80,30 +80,48 @@ def test_under_torchrun_the_family_runs_on(jobs: Jobs) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("store_on", ["its_own", "agent_a"])
 def test_an_agent_killed_at_the_exit_barrier_leaves_nothing_of_its_finished_workers(
-        jobs: Jobs) -> None:
+        jobs: Jobs, store_on: str) -> None:
     # Two nodes: A's workers finish (their families left running) and A waits at the exit
     # barrier for B, whose workers still run; A is SIGKILLed there.
-    from fsm_test_procs import free_port
+    # - its_own: the store is an `fsm-agent store`; B's workers are not A's to end and run on.
+    # - agent_a: A hosts the store. B learns that the store is lost as A's sentinel ends A's
+    #   workers (both react to the same death) and stops its own workers itself ("A lost store
+    #   is an outcome", docs/job-protocol.md): B ends with the store's loss and leaves nothing.
+    from fsm_test_procs import free_port, standalone_store, stop_store
 
-    port = free_port()
+    store = None
+    if store_on == "its_own":
+        store, port = standalone_store(jobs)
+        conf = ["--rdzv-conf", "is_host=0"]
+    else:
+        port, conf = free_port(), []
     args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "barrier", *FAST]
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "barrier", *conf, *FAST]
     a = jobs.start(args, FAMILY, env={"EXIT_AFTER": "0.5"}, name="a")
-    a.wait_listening(port, 60)
+    if store is None:
+        a.wait_listening(port, 60)
     b = jobs.start(args, FAMILY, name="b")
     a.wait_output("Waiting 300 seconds for other agents", 60)
     b.wait_for("a0_r*.json", 1, 30)
     pids = _everyone(a, "a0_r*.json")
+    others = _everyone(b, "a0_r*.json")
     assert [p for p in pids if alive(p)], "the finished workers left their families running"
     os.kill(a.pid, signal.SIGKILL)
     a.wait(10)
     _gone_within(pids, BOUND)
-    others = _everyone(b, "a0_r*.json")
+    if store is None:
+        assert b.wait(30) == 1, b.output[-3000:]
+        assert "the rendezvous store is unreachable" in b.final_message(), b.output[-3000:]
+        _gone_within(others, BOUND)
+        return
     assert others and all(alive(p) for p in others)  # another agent's are not A's to end
+    assert b.poll() is None, b.output[-3000:]
     os.kill(b.pid, signal.SIGTERM)  # stopped as a user would
     b.wait(30)
     _gone_within(others, BOUND)
+    stop_store(store)
 
 
 @pytest.mark.timeout(120)

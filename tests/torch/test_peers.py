@@ -95,6 +95,31 @@ def test_a_peer_whose_keep_alive_stopped_is_lost_even_after_another_swept_it(
 
 
 @pytest.mark.timeout(60)
+def test_a_tick_sees_a_loss_another_agent_swept_with_the_state_its_membership_check_reads(
+        round3: tuple[list[Any], list[PeerWatch]]) -> None:
+    # Node 0 is lost; node 2 sweeps it and writes the swept state. Node 1 (its keep-alive
+    # stopped, so that nothing else refreshes its copy) last read the state before that: its
+    # next tick's membership check reads it afresh, and peer_lost must answer from that read.
+    handlers, watches = round3
+    lost = str(handlers[0]._this_node)
+    handlers[0]._stop_heartbeats()
+    handlers[1]._stop_heartbeats()
+    # node 1 may be swept with it (it beats no more either); a beat either wrote just before
+    # its timer stopped reads as alive, so node 2 asks until the loss is found
+    while lost not in watches[2].lost():
+        pass
+    time.sleep(2 * INTERVAL)  # node 2's next keep-alive writes the swept state
+    assert watches[1].lost(wait=False) == ()  # the copy node 1 read before the sweep
+    reads: list[int] = []
+    assert watches[1].lost_at_tick(lambda: reads.append(handlers[1].num_nodes_waiting())) \
+        == (lost,)
+    assert reads == [0]
+    # the membership check of the same tick answers from that read, asking the store nothing
+    assert watches[1].lost_at_tick(lambda: reads.append(-1)) == (lost,)
+    assert reads == [0]
+
+
+@pytest.mark.timeout(60)
 def test_a_peer_that_left_the_round_is_not_lost(
         round3: tuple[list[Any], list[PeerWatch]]) -> None:
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dyn
