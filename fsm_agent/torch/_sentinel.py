@@ -14,7 +14,9 @@ environment before any worker starts, torch hands the environment on to the work
 forked by ``--preload`` included), and they to their children, double-forked and ``setsid`` ones
 included. Each process is signalled through a pidfd opened before its environment is read, so a
 pid reused meanwhile is never signalled; no process without the token is, and neither is the
-agent. It sweeps until none is left (at most 5 s), then exits. When the agent ends normally it
+agent, nor, while the agent lives, a multiprocessing forkserver or resource tracker it started
+itself (an agent run inside a longer-lived process, whose later runs use them). It sweeps until
+none is left (at most 5 s), then exits. When the agent ends normally it
 closes the pipe itself and waits for that sweep, so that what its stopped workers left behind
 ends too.
 
@@ -52,6 +54,10 @@ needle = ("%s=%s" % (sys.argv[3], token)).encode()
 while os.read(0, 4096):
     pass  # end of file: the agent has ended
 me = os.getpid()
+# the living agent's own multiprocessing helpers (a forkserver, a resource tracker) carry the
+# token when they started during a run; they are the agent process's, not its workers'
+HELPERS = (b"multiprocessing.forkserver import main",
+           b"multiprocessing.resource_tracker import main")
 deadline = time.monotonic() + float(sys.argv[4])
 while True:
     left = 0
@@ -64,9 +70,17 @@ while True:
             continue
         try:
             with open("/proc/%s/environ" % entry, "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-                    left += 1
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open("/proc/%s/stat" % entry, "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if ppid == agent:
+                with open("/proc/%s/cmdline" % entry, "rb") as f:
+                    cmdline = f.read()
+                if any(h in cmdline for h in HELPERS):
+                    continue
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            left += 1
         except OSError:
             pass
         finally:

@@ -186,3 +186,48 @@ def test_an_agent_killed_with_sigkill_leaves_nothing_of_its_preload_template(
     job.wait(10)
     took = _gone_within(pids, BOUND)
     print(f"preload: {len(pids)} processes gone {took * 1000:.0f} ms after the agent's SIGKILL")
+
+
+_EMBEDDED = r"""
+import json, os, subprocess, time
+from multiprocessing import forkserver, get_context, resource_tracker
+from fsm_agent.torch._sentinel import Sentinel
+
+sentinel = Sentinel()
+assert sentinel.start()
+# what an agent run inside a longer-lived process starts with the token in its environment:
+# multiprocessing's helpers (torch's function workers use them) and a worker's leftover child
+p = get_context("forkserver").Process(target=print)
+p.start()
+p.join()
+resource_tracker.ensure_running()
+helpers = {"forkserver": forkserver._forkserver._forkserver_pid,
+           "resource_tracker": resource_tracker._resource_tracker._pid}
+child = subprocess.Popen(["sleep", "60"])
+sentinel.close()
+child.wait(10)
+time.sleep(0.2)
+# still running: waitpid reaps nothing (they are this process's children)
+running = {name: os.waitpid(pid, os.WNOHANG) == (0, 0) for name, pid in helpers.items()}
+print(json.dumps({"running": running, "child": child.returncode}))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_normal_end_sweeps_the_workers_leftovers_but_not_the_processs_own_helpers(
+        tmp_path: Path) -> None:
+    # An agent run inside a longer-lived process (a test harness, a Ray actor): its sentinel's
+    # sweep at the end kills what carries the token, the workers' leftovers, but not the
+    # process's multiprocessing forkserver and resource tracker, which started during the run
+    # and which its next run uses (killed, they made that run fail with EOFError).
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _EMBEDDED], capture_output=True, text=True,
+                         timeout=50, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["child"] == -signal.SIGKILL, result
+    # both helpers outlived the sweep; they end with their process (their pipes close)
+    assert result["running"] == {"forkserver": True, "resource_tracker": True}, result
