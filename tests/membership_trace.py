@@ -4,10 +4,8 @@ docs/job-protocol.md, "Membership", "Trace validation").
 
 What is read, from every ``fsm-agent run`` agent of one :class:`fsm_test_procs.Jobs`:
 
-- each completed round of torch's rendezvous after the first: the slot map the node that marked
-  it complete logged (``rendezvous round K: stable slots DESC=SLOT, ...``, torch/_slots.py);
-- the first round (nothing to keep, so not logged): the agents whose first "Rendezvous complete"
-  came before round 1's line, with the group rank each got;
+- each completed round of torch's rendezvous, 0, 1, ...: the slot map the node that marked it
+  complete logged (``rendezvous round K: stable slots DESC=SLOT, ...``, torch/_slots.py);
 - the nodes quarantined (exit 75, ``left the job: quarantined``), and when (before which round);
 - the nodes lost: the agents the test SIGKILLed (exit -9: call this before the fixture's cleanup);
 - whether the job succeeded: every agent of the last round exited 0.
@@ -34,8 +32,6 @@ TLC_TIMEOUT = 60.0
 _STAMP = r"[IWE]\d{4} (?P<time>\d\d:\d\d:\d\d\.\d+) (?P<pid>\d+) "
 _SLOTS = re.compile(_STAMP + r"fsm_agent/torch/_slots\.py:\d+\] rendezvous round (?P<round>\d+): "
                     r"stable slots (?P<map>.*)$", re.M)
-_COMPLETE = re.compile(_STAMP + r"\S+api\.py:\d+\] \[\w+\] Rendezvous complete for workers\."
-                       r"(?:.*\n){1,8}?.*\]   group_rank=(?P<rank>\d+)$", re.M)
 _QUARANTINED = re.compile(_STAMP + r"fsm_agent/_quarantine\.py:\d+\] \[\w+\] quarantined: ", re.M)
 _DESC = re.compile(r"(?P<addr>[\w.\-:\[\]]+?)_(?P<pid>\d+)_(?P<local>\d+)\b")
 
@@ -138,26 +134,22 @@ def observe(jobs: object) -> Run | None:
     if _option(args, "--spec") != "resilient" or params.get("stable_slots", "true") != "true" \
             or nnodes[0] != nnodes[-1]:
         return None
-    outputs = {j.pid: j.output for j in agents}
-    text = "\n".join(outputs.values())
-    desc_of = {int(m["pid"]): m.group(0) for m in _DESC.finditer(text)}
+    text = "\n".join(j.output for j in agents)
     rounds: dict[int, tuple[float, list[dict[str, int]]]] = {}
+    desc_of: dict[int, str] = {}  # agent pid -> its node descriptor
     for m in _SLOTS.finditer(text):
         slots = {d: int(s) for d, s in (x.rsplit("=", 1) for x in m["map"].split(", "))}
+        desc_of.update((_sort_key(d)[1], d) for d in slots)
         t, maps = rounds.setdefault(int(m["round"]), (_seconds(m["time"]), []))
         rounds[int(m["round"])] = (min(t, _seconds(m["time"])), maps)
         if slots not in maps:
             maps.append(slots)
-    assert sorted(rounds) == list(range(1, len(rounds) + 1)), \
+    assert sorted(rounds) == list(range(len(rounds))), \
         f"rounds logged: {sorted(rounds)} (a completed round not logged?)"
-    end_of_first = rounds[1][0] if rounds else float("inf")
-    first: dict[str, int] = {}
-    for pid, out in outputs.items():
-        done = [m for m in _COMPLETE.finditer(out) if _seconds(m["time"]) < end_of_first]
-        if done:
-            assert pid in desc_of, f"agent {pid}: no node descriptor in any log"
-            first[desc_of[pid]] = int(done[0]["rank"])
-    timeline = [(-1.0, [first])] + [rounds[k] for k in sorted(rounds)]
+    if not rounds:
+        assert "Rendezvous complete for workers" not in text, "rounds completed, none logged"
+        return None
+    timeline = [rounds[k] for k in sorted(rounds)]
     quarantined: dict[str, float] = {}
     lost: set[str] = set()
     for j in agents:

@@ -113,4 +113,5 @@ def test_a_node_lost_while_waiting_in_the_rendezvous_is_not_waited_for(
     for job in later:
         assert job.wait(60) == 0, job.output[-4000:]
         assert "rule '" not in job.output, job.output[-4000:]
+    assert_membership_trace(jobs)
     stop_store(store)
