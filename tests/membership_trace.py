@@ -32,6 +32,7 @@ TLC_TIMEOUT = 60.0
 _STAMP = r"[IWE]\d{4} (?P<time>\d\d:\d\d:\d\d\.\d+) (?P<pid>\d+) "
 _SLOTS = re.compile(_STAMP + r"fsm_agent/torch/_slots\.py:\d+\] rendezvous round (?P<round>\d+): "
                     r"stable slots (?P<map>.*)$", re.M)
+_LOST = re.compile(_STAMP + r".*lost node\(s\) of the job: (?P<nodes>.*?) \(their agent's", re.M)
 _QUARANTINED = re.compile(_STAMP + r"fsm_agent/_quarantine\.py:\d+\] \[\w+\] quarantined: ", re.M)
 _DESC = re.compile(r"(?P<addr>[\w.\-:\[\]]+?)_(?P<pid>\d+)_(?P<local>\d+)\b")
 
@@ -49,11 +50,12 @@ def _sort_key(desc: str) -> tuple[str, int, int]:
 
 @dataclass
 class Round:
-    """One completed round: its slot map(s) (descriptor -> slot) and the nodes quarantined
-    before it."""
+    """One completed round: its slot map(s) (descriptor -> slot), the nodes quarantined before
+    it, and the lost nodes a survivor noticed before it."""
 
     maps: list[dict[str, int]]
     quarantined: set[str] = field(default_factory=set)
+    lost: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -80,7 +82,8 @@ class Run:
 
         rounds = ",\n    ".join(
             f"[maps |-> {{{', '.join(tup(m) for m in r.maps)}}}, "
-            f"quarantined |-> {nodeset(r.quarantined)}]" for r in self.rounds)
+            f"quarantined |-> {nodeset(r.quarantined)}, lost |-> {nodeset(r.lost)}]"
+            for r in self.rounds)
         legend = "\n".join(f"\\* node {i + 1}: {d}" for i, d in enumerate(self.nodes))
         return (f"---- MODULE MembershipTraceRun ----\nEXTENDS MembershipTrace\n{legend}\n"
                 f"RunTrace == <<\n    {rounds}>>\n"
@@ -106,7 +109,8 @@ class Run:
             maps = " | ".join(", ".join(f"{d}={s}" for d, s in sorted(m.items(),
                                                                      key=lambda i: i[1]))
                               for m in r.maps)
-            before = f" (quarantined before: {sorted(r.quarantined)})" if r.quarantined else ""
+            before = "".join(f" ({what} before: {sorted(ds)})" for what, ds in
+                             (("quarantined", r.quarantined), ("lost", r.lost)) if ds)
             lines.append(f"round {k}: {maps}{before}")
         lines.append(f"lost: {sorted(self.lost)}; quarantined: {sorted(self.quarantined)}; "
                      f"succeeded: {self.succeeded}")
@@ -159,12 +163,20 @@ def observe(jobs: object) -> Run | None:
             quarantined[desc_of[j.pid]] = _seconds(q["time"])
         elif rc == -9 and j.pid in desc_of:
             lost.add(desc_of[j.pid])
+    # a survivor's notice of a loss comes after it (one machine, one clock); a quarantined node's
+    # leave reads as a loss too, and is the quarantine's
+    noticed: dict[str, float] = {}
+    for m in _LOST.finditer(text):
+        for d in m["nodes"].split(", "):
+            if d in lost:
+                noticed[d] = min(noticed.get(d, float("inf")), _seconds(m["time"]))
     nodes = {d for _, maps in timeline for m in maps for d in m} | lost | set(quarantined)
     last = timeline[-1][1][0]
     succeeded = all(j.poll() == 0 for j in agents if desc_of.get(j.pid) in last)
     return Run(nodes=sorted(nodes, key=_sort_key), n=int(nnodes[-1]),
                quarantine_after=int(params.get("quarantine_after", "3")),
-               rounds=[Round(maps, {q for q, tq in quarantined.items() if tq < t})
+               rounds=[Round(maps, {q for q, tq in quarantined.items() if tq < t},
+                             {d for d, td in noticed.items() if td < t})
                        for t, maps in timeline],
                lost=lost, quarantined=set(quarantined), succeeded=succeeded)
 

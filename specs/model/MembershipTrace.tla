@@ -9,7 +9,8 @@
 (*             node not of the round): one, or two when two agents marked  *)
 (*             the round complete and only one won the store's             *)
 (*             compare-and-set,                                            *)
-(*    quarantined |-> the nodes that had left quarantined before it]       *)
+(*    quarantined |-> the nodes that had left quarantined before it,       *)
+(*    lost |-> the nodes lost before it (a survivor's log said so)]        *)
 (*                                                                         *)
 (* Every step is one of Membership's Next; the steps the logs do not show  *)
 (* (arrivals, losses, failures, nodes leaving a round) are free, but every *)
@@ -43,6 +44,7 @@ TraceNext ==
        THEN /\ matched < Len(Trace)
             /\ \E m \in Trace[matched + 1].maps : \A n \in Nodes : slots'[n] = m[n]
             /\ Trace[matched + 1].quarantined \subseteq quarantined
+            /\ \A n \in Trace[matched + 1].lost : status[n] = "lost"
             /\ matched' = matched + 1
        ELSE UNCHANGED matched
 

@@ -40,7 +40,7 @@ def test_torchs_renumbering_of_the_survivor_is_rejected(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("wrong", ["first_round", "quarantined_back", "not_lost",
-                                   "extra_round", "not_full"])
+                                   "extra_round", "not_full", "lost_in_round"])
 def test_what_the_model_does_not_allow_is_rejected(tmp_path: Path, wrong: str) -> None:
     run = _lost_rank_0({B: 1, C: 0}, quarantined=True)
     if wrong == "first_round":  # the first round is torch's numbering (nothing to keep)
@@ -51,8 +51,13 @@ def test_what_the_model_does_not_allow_is_rejected(tmp_path: Path, wrong: str) -
         run.lost = {A}
     elif wrong == "extra_round":  # the survivor and the spare again, but C renumbered
         run.rounds.append(Round([{B: 0, C: 1}], {A}))
-    else:  # a round of one node in a two-node job
+    elif wrong == "not_full":  # a round of one node in a two-node job
         run.rounds.append(Round([{B: 1}], {A}))
+    else:  # C noticed lost before a round it is in (the round otherwise a restart for an
+        # own failure of A's, C lost after it)
+        run = Run(nodes=[A, B, C], n=2, quarantine_after=3,
+                  rounds=[Round([{A: 0, C: 1}]), Round([{A: 0, C: 1}], lost={C})],
+                  lost={C}, quarantined=set(), succeeded=False)
     ok, result = matches_model(run, tmp_path)
     assert not ok and result.ok, run.describe()
 
