@@ -11,31 +11,19 @@ loss and quarantine").
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import pytest
+from membership_trace import tlc_missing
 
 from fsm_agent.testing._model_check import (
     ModelError,
     TLCResult,
     check_model,
-    find_tla2tools,
     model_dir,
 )
 
-
-def _tlc_missing() -> str | None:
-    if shutil.which("java") is None:
-        return "TLC needs Java 11 or newer on PATH"
-    try:
-        find_tla2tools()
-    except ModelError as e:
-        return str(e)
-    return None
-
-
-pytestmark = pytest.mark.skipif(_tlc_missing() is not None, reason=str(_tlc_missing()))
+pytestmark = pytest.mark.skipif(tlc_missing() is not None, reason=str(tlc_missing()))
 
 #: No TLC run of this module should take more than a few seconds to half a minute.
 TIMEOUT = 100.0

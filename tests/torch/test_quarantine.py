@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from fsm_test_procs import FAST, Job, Jobs, jobs_fixture, standalone_store, stop_store
+from membership_trace import assert_membership_trace
 from test_slots import SHUTDOWN_TIMEOUT
 
 WORKER = Path(__file__).parent / "scripts" / "quarantine_worker.py"
@@ -92,6 +93,7 @@ def test_a_node_whose_own_workers_keep_failing_is_quarantined_and_a_spare_takes_
     for job in (a, spare):
         assert job.wait(60) == 0, job.output[-4000:]
         assert "quarantined:" not in job.output
+    assert_membership_trace(jobs)
     stop_store(store)
 
 
@@ -180,4 +182,5 @@ def test_only_the_node_whose_workers_failed_first_counts_a_broken_collective(
     for job in (a, b):
         assert job.wait(60) == 0, job.output[-4000:]
         assert "quarantined:" not in job.output, job.output[-4000:]
+    assert_membership_trace(jobs)
     stop_store(store)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from fsm_test_procs import FAST, Job, Jobs, jobs_fixture, standalone_store, stop_store
+from membership_trace import assert_membership_trace
 
 from fsm_agent.torch._slots import assign_slots, install_stable_slots, spares_wait
 
@@ -231,6 +232,7 @@ def spare_takes_rank_0(jobs: Jobs, args: list[str], stop: Path) -> Job:
     stop.touch()
     assert survivor.wait(60) == 0, survivor.output[-4000:]
     assert spare.wait(60) == 0, spare.output[-4000:]
+    assert_membership_trace(jobs)
     return survivor
 
 
@@ -265,4 +267,5 @@ def test_a_spare_takes_the_lost_nodes_ranks_and_the_survivor_keeps_its_own(
     stop.touch()
     assert survivor.wait(60) == 0, survivor.output[-4000:]
     assert spare.wait(60) == 0, spare.output[-4000:]
+    assert_membership_trace(jobs)  # with stable slots only: torch's numbering is not the model's
     stop_store(store)

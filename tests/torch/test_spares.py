@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from fsm_test_procs import Job, Jobs, jobs_fixture
+from membership_trace import assert_membership_trace
 from test_peer_waits import _args
 from test_slots import (
     SHUTDOWN_TIMEOUT,
@@ -85,6 +86,7 @@ def test_two_spares_replace_two_lost_nodes_and_the_survivor_keeps_its_slot(
     out = survivor.output
     assert out.count("lost node(s) of the job") >= 2, out[-4000:]
     assert "rule 'retry'" not in out
+    assert_membership_trace(jobs)
     stop_store(store)
 
 
@@ -111,4 +113,5 @@ def test_a_node_lost_while_waiting_in_the_rendezvous_is_not_waited_for(
     for job in later:
         assert job.wait(60) == 0, job.output[-4000:]
         assert "rule '" not in job.output, job.output[-4000:]
+    assert_membership_trace(jobs)
     stop_store(store)
