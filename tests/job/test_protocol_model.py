@@ -58,7 +58,9 @@ def _marks(preset: str, config: str) -> list[pytest.MarkDecorator]:
     return [pytest.mark.slow] + ([] if preset == "resilient" else [pytest.mark.long])
 
 
-@pytest.mark.timeout(300)
+# A bound for a TLC that hangs, not a speed check: resilient's drain configuration takes about
+# 170 s of one core with the suite running beside it, and more than 300 s on a loaded machine.
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize(("preset", "config"), [
     pytest.param(preset, name, marks=_marks(preset, name), id=f"{preset}-{name}")
     for preset in PRESETS for name in sorted(CONFIGS)
