@@ -566,8 +566,13 @@ class JobChannel:
         watch = self._watch
         if watch is not None and not force:
             if watch.raw is not None:
-                self._learn(JobOutcome.decode(watch.raw))
-                return self._outcome
+                if self._learn(JobOutcome.decode(watch.raw)):
+                    return self._outcome
+                # refused (no node of the job announced it): the watch has ended on it, and
+                # the announcement that replaces it is looked for by polling, as without one
+                watch.stop()
+                self._watch = None
+                return None
             if watch.error is not None:
                 raise watch.error
             if watch.active:

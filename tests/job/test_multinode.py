@@ -190,8 +190,10 @@ def test_an_announcement_by_no_node_of_the_job_is_refused_with_one_warning(jobs:
     (worker_b,) = b.wait_for("start_*.json", 1, 60)
     store = TCPStore("127.0.0.1", port_of(args), is_master=False,
                      timeout=timedelta(seconds=10))
-    forged = json.dumps({"exit_code": 7, "node": "intruder", "reason": "forged"})
-    store.compare_set("fsm_agent/job/refused/outcome", "", forged)
+    # the intruder speaks the protocol: it writes the outcome and wakes the watching agents
+    from fsm_agent._job import JobChannel
+
+    JobChannel(store, "refused", "intruder").announce(7, "forged")
     refused = "ignoring an outcome announced on the rendezvous store by intruder"
     for job in (a, b):
         job.wait_output(refused, 30)
