@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ._budgets import BUDGET_KINDS, RESERVED_BUDGETS
+from ._budgets import BUDGET_KINDS
 from ._errors import Problem, SpecError
 from ._params import (
     BUILTIN_VALUES,
@@ -23,7 +23,9 @@ from ._params import (
     format_value,
     kind_of,
 )
-from ._policy import DEFAULT_OUTCOMES, compile_policy
+from ._policy import compile_policy
+from ._shape_base import _DURATION_WORDS, Findings
+from ._shape_policy import _PolicyShape, budget_instance
 from ._spec import (
     ALWAYS_TRIGGER,
     INTERRUPT_TRIGGER,
@@ -32,26 +34,19 @@ from ._spec import (
     STATE_NAMES,
     TIMEOUT_TRIGGER,
     BackoffSpec,
-    BudgetSpec,
     InstanceSpec,
     MetricSpec,
-    NamedBudgetSpec,
-    OutcomeSpec,
-    PolicySpec,
-    RuleSpec,
     Spec,
     StateSpec,
     TimeoutSpec,
     TransitionSpec,
 )
 from ._vocabulary import Kind, Vocabulary
-from ._yaml import element_name
 
 __all__ = ["Findings", "UnknownNames", "build_spec"]
 
 METRIC_FIELDS = ("role", "observed")
 METRIC_VALUES = ("remaining_restarts", "restart_count", "max_restarts")
-BUDGET_SCOPES = ("agent", "job")
 
 _TOP_KEYS = {
     "name": True,
@@ -86,54 +81,10 @@ _BACKOFF_KEYS = {"initial": ("duration", None), "factor": ("float", 2.0),
                  "reset_on_progress": ("bool", False)}
 _INSTANCE_EXTRA = ("timeout", "description")
 _STATE_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-# Words a duration may be written as: never parameter names.
-_DURATION_WORDS = frozenset({"inf", "infinity", "never"})
-_NUMERIC = ("int", "float", "duration")
-# A name of the embedding program's own is unknown only until it is registered: say how.
-_OWN_NAMES = ("; one of your program's own: register it in a fsm_agent.Vocabulary, "
-              "--vocabulary MODULE:ATTR")
-
-
-def budget_instance(b: NamedBudgetSpec, role: str) -> InstanceSpec:
-    """The guard (``role="guard"``) or action a named budget declares (``fsm_agent._budgets``)."""
-    if role == "guard":
-        return InstanceSpec(name=b.guard, kind="budget_left", args={"budget": b.name},
-                            role="guard", description=f"a restart of budget {b.name} is left",
-                            line=b.line)
-    return InstanceSpec(name=b.action, kind="consume_budget", args={"budget": b.name},
-                        role="action", description=f"spend one restart of budget {b.name}",
-                        line=b.line)
 
 
 def _literal(value: Any) -> Any:
     return value.value if isinstance(value, Ref) and value.name is None else value
-
-
-class Findings:
-    """Problems found so far, each located by the element's path and the lines the reader saw."""
-
-    def __init__(self, path: str, lines: Mapping[tuple[Any, ...], int]) -> None:
-        self.path = path
-        self.lines = lines
-        self.problems: list[Problem] = []
-
-    def line(self, where: Sequence[Any]) -> int | None:
-        """The line of ``where``, or of its nearest enclosing element."""
-        probe = tuple(where)
-        while True:
-            line = self.lines.get(probe)
-            if line is not None or not probe:
-                return line
-            probe = probe[:-1]
-
-    def problem(self, where: Sequence[Any], message: str) -> None:
-        """Record one problem at ``where``."""
-        self.problems.append(Problem(self.path, self.line(where), element_name(where), message))
-
-    def fail_if_any(self) -> None:
-        """Raise ``SpecError`` with every problem recorded so far."""
-        if self.problems:
-            raise SpecError(self.problems)
 
 
 class UnknownNames(SpecError):
@@ -152,104 +103,7 @@ def build_spec(
     return _Shape(Findings(path, lines), vocabulary).build(raw)
 
 
-class _Shape:
-    def __init__(self, found: Findings, vocab: Vocabulary) -> None:
-        self.found = found
-        self.vocab = vocab
-        self.params: dict[str, ParamSpec] = {}
-        self.states: set[str] = set()
-        self.guards: set[str] = set(vocab.guards)
-        self.actions: set[str] = set(vocab.actions)
-        self.budget_names: set[str] = set()
-        self.budget_declared: dict[str, str] = {}  # a named budget's guard and action
-        # Problems that leave the machine whole (a name of the program's own, unregistered):
-        # the whole-spec checks still run, so one `check` shows every problem.
-        self.unknown_names = 0
-
-    def problem(self, where: Sequence[Any], message: str) -> None:
-        self.found.problem(where, message)
-
-    def line(self, where: Sequence[Any]) -> int | None:
-        return self.found.lines.get(tuple(where))
-
-    # -- small shapes ------------------------------------------------------------------------
-
-    def _str(self, value: Any, where: tuple[Any, ...], *, ident: bool = False) -> str | None:
-        if not isinstance(value, str) or not value.strip():
-            self.problem(where, f"expected a non-empty string, got {kind_of(value)}")
-            return None
-        if ident and not value.isidentifier():
-            self.problem(where, f"{value!r} is not a valid name (letters, digits, underscores)")
-            return None
-        return value
-
-    def _text(self, body: Mapping[str, Any], where: tuple[Any, ...]) -> str:
-        desc = body.get("description", "")
-        if not isinstance(desc, str):
-            self.problem((*where, "description"), f"expected a string, got {kind_of(desc)}")
-            return ""
-        return desc
-
-    def _names(self, value: Any, where: tuple[Any, ...], *, single_ok: bool) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if single_ok and isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list):
-            want = "a name or a list of names" if single_ok else "a list of names"
-            self.problem(where, f"expected {want}, got {kind_of(value)}")
-            return ()
-        out = []
-        for i, item in enumerate(value):
-            where_i = where if single_ok and not isinstance(value, list) else (*where, i)
-            name = self._str(item, where_i, ident=True)
-            if name is not None:
-                if name in out:
-                    self.problem(where_i, f"{name!r} is listed twice")
-                out.append(name)
-        return tuple(out)
-
-    def _bool(self, value: Any, where: tuple[Any, ...]) -> bool:
-        if not isinstance(value, bool):
-            self.problem(where, f"expected true or false, got {kind_of(value)}")
-            return False
-        return value
-
-    def _keys(self, data: Mapping[str, Any], allowed: Iterable[str],
-              where: tuple[Any, ...]) -> None:
-        allowed = list(allowed)
-        for key in data:
-            if key not in allowed:
-                self.problem((*where, key), f"unknown key {key!r} (allowed: {', '.join(allowed)})")
-
-    def _mapping(self, value: Any, where: tuple[Any, ...], what: str) -> dict[str, Any] | None:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            self.problem(where, f"expected {what}, got {kind_of(value)}")
-            return None
-        return value
-
-    def _value(self, raw: Any, type_name: str, where: tuple[Any, ...]) -> Ref | None:
-        """A literal of ``type_name``, or a reference to a parameter or built-in value."""
-        if (isinstance(raw, str) and raw.isidentifier() and raw.lower() not in _DURATION_WORDS
-                and (type_name != "str" or raw in self.params)):
-            have = self.params[raw].type if raw in self.params else BUILTIN_VALUES.get(raw)
-            if have is None:
-                known = ", ".join([*self.params, *BUILTIN_VALUES])
-                self.problem(where, f"unknown parameter {raw!r} (known: {known})")
-                return None
-            if not (have == type_name or (have in _NUMERIC and type_name in _NUMERIC[1:])
-                    or (have == "int" and type_name == "count")):
-                self.problem(where, f"parameter {raw!r} is a {have}; a {type_name} is needed here")
-                return None
-            return Ref(name=raw)
-        try:
-            return Ref(coerce(type_name, raw))
-        except BadValue as e:
-            self.problem(where, str(e))
-            return None
-
+class _Shape(_PolicyShape):
     # -- the whole spec ----------------------------------------------------------------------
 
     def build(self, raw: Any) -> Spec:
@@ -482,66 +336,6 @@ class _Shape:
             return None
         return ref
 
-    def _budget(self, value: Any) -> BudgetSpec:
-        where = ("budget",)
-        if value is None:
-            return BudgetSpec()
-        if isinstance(value, str):
-            value = {"scope": value}
-        if not isinstance(value, dict):
-            self.problem(where, f"expected agent, job or a mapping (scope, window), got "
-                         f"{kind_of(value)}")
-            return BudgetSpec()
-        self._keys(value, ("scope", "window"), where)
-        scope = value.get("scope", "agent")
-        if scope not in BUDGET_SCOPES:
-            self.problem((*where, "scope"), f"expected one of {', '.join(BUDGET_SCOPES)}, "
-                         f"got {scope!r}")
-            scope = "agent"
-        window = self._value(value.get("window", "inf"), "duration", (*where, "window"))
-        return BudgetSpec(scope=scope, window=window or BudgetSpec().window,
-                          line=self.line(where))
-
-    def _named_budgets(self, value: Any) -> tuple[NamedBudgetSpec, ...]:
-        body = self._mapping(value, ("budgets",), "a mapping of budget names") or {}
-        out = []
-        for name, decl in body.items():
-            w = ("budgets", name)
-            if not isinstance(name, str) or not name.isidentifier():
-                self.problem(w, f"{name!r} is not a valid budget name (letters, digits, "
-                             "underscores)")
-                continue
-            if name in RESERVED_BUDGETS:
-                self.problem(w, f"{name!r} is the default budget (max_restarts, the 'budget' "
-                             "block): a named budget needs a name of its own")
-                continue
-            if not isinstance(decl, dict):
-                self.problem(w, f"expected a mapping (max, window, description), got "
-                             f"{kind_of(decl)}")
-                continue
-            self._keys(decl, ("max", "window", "description"), w)
-            if "max" not in decl:
-                self.problem(w, "missing required key 'max' (a count: an integer >= 0 or inf, "
-                             "or an int or count parameter)")
-                continue
-            most = self._value(decl["max"], "count", (*w, "max"))
-            window = (self._value(decl["window"], "duration", (*w, "window"))
-                      if "window" in decl else None)
-            if most is None or ("window" in decl and window is None):
-                continue
-            b = NamedBudgetSpec(name=name, max=most, window=window,
-                                description=self._text(decl, w), line=self.line(w))
-            for taken, what, role in ((self.guards, b.guard, "guard"),
-                                      (self.actions, b.action, "action")):
-                if what in taken:
-                    self.problem(w, f"budget {name!r} declares {role} {what!r}, which is "
-                                 "already defined")
-                taken.add(what)
-                self.budget_declared[what] = name
-            out.append(b)
-            self.budget_names.add(name)
-        return tuple(out)
-
     def _timeout(self, raw: Any, where: tuple[Any, ...]) -> TimeoutSpec | None:
         if not isinstance(raw, dict):
             ref = self._value(raw, "duration", where)
@@ -632,29 +426,6 @@ class _Shape:
                 "of torch's WorkerState members",
             )
         return tuple(out)
-
-    def _check_actions(self, names: Sequence[str], where: tuple[Any, ...]) -> None:
-        for i, name in enumerate(names):
-            if name not in self.actions:
-                self.unknown_names += 1
-                self.problem((*where, i),
-                             f"unknown action {name!r} (known: {', '.join(sorted(self.actions))}"
-                             f"{_OWN_NAMES})")
-
-    def _check_guards(self, names: Sequence[str], where: tuple[Any, ...]) -> None:
-        for i, g in enumerate(names):
-            if g not in self.guards:
-                self.unknown_names += 1
-                self.problem((*where, i),
-                             f"unknown guard {g!r} (known: {', '.join(sorted(self.guards))}"
-                             f"{_OWN_NAMES})")
-
-    def _state_ref(self, name: Any, where: tuple[Any, ...]) -> str | None:
-        if not isinstance(name, str) or name not in self.states:
-            self.problem(where, f"unknown state {name!r} (states: "
-                         f"{', '.join(sorted(self.states)) or 'none'})")
-            return None
-        return name
 
     def _transitions(self, value: Any) -> tuple[TransitionSpec, ...]:
         where: tuple[Any, ...] = ("transitions",)
@@ -749,124 +520,3 @@ class _Shape:
             if name is not None:
                 out.append(MetricSpec(name=name, value=val, line=self.line(w)))
         return tuple(out)
-
-    def _policy(self, value: Any) -> PolicySpec | None:
-        where: tuple[Any, ...] = ("failure_policy",)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            self.problem(where, f"expected a mapping (on, rules, ...), got {kind_of(value)}")
-            return None
-        self._keys(value, ("applies_to", "budget_guard", "rules", "outcomes", "description"),
-                   where)
-        on = self._policy_on(value.get("applies_to"), (*where, "applies_to"))
-        budget_guard = value.get("budget_guard", "has_restarts_left")
-        if budget_guard not in self.guards:
-            self.problem((*where, "budget_guard"), f"unknown guard {budget_guard!r}")
-        outcomes = self._outcomes(value.get("outcomes"), (*where, "outcomes"))
-        rules = []
-        raw_rules = value.get("rules")
-        if not isinstance(raw_rules, list) or not raw_rules:
-            self.problem((*where, "rules"), f"expected a non-empty list of rules, got "
-                         f"{kind_of(raw_rules)}")
-            raw_rules = []
-        seen: set[str] = set()
-        for i, body in enumerate(raw_rules):
-            w = (*where, "rules", i)
-            if not isinstance(body, dict):
-                self.problem(w, f"expected a mapping (name, when, then), got {kind_of(body)}")
-                continue
-            self._keys(body, ("name", "when", "then", "budget", "description"), w)
-            name = self._str(body.get("name"), (*w, "name"), ident=True)
-            if name is not None and name in seen:
-                self.problem((*w, "name"), f"rule {name!r} is defined twice")
-            seen.add(name or "")
-            when = self._names(body.get("when"), (*w, "when"), single_ok=True)
-            self._check_guards(when, (*w, "when"))
-            then = body.get("then")
-            if then not in outcomes:
-                self.problem((*w, "then"), f"unknown outcome {then!r} (outcomes: "
-                             f"{', '.join(outcomes)})")
-                continue
-            spends = body.get("budget")
-            if spends is not None:
-                if spends not in self.budget_names:
-                    known = ", ".join(sorted(self.budget_names)) or "none declared"
-                    self.problem((*w, "budget"), f"unknown budget {spends!r} (the spec's "
-                                 f"'budgets': {known}; omit it for the default budget, "
-                                 "max_restarts)")
-                    continue
-                if not outcomes[then].restarts:
-                    self.problem((*w, "budget"), f"rule {name!r} spends budget {spends!r}, "
-                                 f"but its outcome {then!r} does not restart")
-                    continue
-            if name is not None:
-                rules.append(RuleSpec(name=name, when=when, then=then, index=i,
-                                      line=self.line(w), description=self._text(body, w),
-                                      budget=spends))
-        used = {r.then for r in rules}
-        if any(outcomes[o].restarts for o in used):
-            used.add("give_up")  # where a restart goes when the budget is spent
-        for name in sorted(used):
-            users = [r for r in rules if r.then == name]
-            if name in (value.get("outcomes") or {}):
-                at: tuple[Any, ...] = (*where, "outcomes", name)
-            elif users:
-                at = (*where, "rules", users[0].index, "then")
-            else:
-                at = where
-            outcome = outcomes[name]
-            if outcome.dest not in self.states:
-                self.problem(at, f"outcome {name!r} goes to {outcome.dest}, which this spec does "
-                             f"not declare (declare the state, or set failure_policy.outcomes."
-                             f"{name}.dest)")
-            for a in outcome.actions:
-                if a not in self.actions:
-                    self.problem(at, f"outcome {name!r} runs action {a!r}, which is not defined "
-                                 f"(declare it under 'actions', or set failure_policy.outcomes."
-                                 f"{name}.actions)")
-        return PolicySpec(on=on, budget_guard=str(budget_guard), rules=tuple(rules),
-                          outcomes=outcomes, line=self.line(where))
-
-    def _policy_on(self, value: Any, where: tuple[Any, ...]) -> tuple[tuple[str, str], ...]:
-        if isinstance(value, dict):
-            value = [value]
-        if not isinstance(value, list) or not value:
-            self.problem(where, "expected a list of {trigger, source} pairs")
-            return ()
-        out = []
-        for i, pair in enumerate(value):
-            w = (*where, i)
-            if not isinstance(pair, dict) or set(pair) != {"trigger", "source"}:
-                self.problem(w, "expected {trigger: NAME, source: STATE}")
-                continue
-            source = self._state_ref(pair["source"], (*w, "source"))
-            trigger = self._str(pair["trigger"], (*w, "trigger"), ident=True)
-            if source is not None and trigger is not None:
-                out.append((trigger, source))
-        return tuple(out)
-
-    def _outcomes(self, value: Any, where: tuple[Any, ...]) -> dict[str, OutcomeSpec]:
-        body = self._mapping(value, where, "a mapping of outcome names") or {}
-        out = {}
-        for name in {**DEFAULT_OUTCOMES, **body}:
-            w = (*where, name)
-            if name in body:
-                decl = body[name]
-                if not isinstance(decl, dict):
-                    self.problem(w, f"expected a mapping (dest, actions, restarts), got "
-                                 f"{kind_of(decl)}")
-                    continue
-                self._keys(decl, ("dest", "actions", "restarts", "description"), w)
-                default = DEFAULT_OUTCOMES.get(name)
-                dest = decl.get("dest", default.dest if default else None)
-                actions = self._names(decl["actions"], (*w, "actions"), single_ok=False) \
-                    if "actions" in decl else (default.actions if default else ())
-                restarts = self._bool(decl.get("restarts", default.restarts if default
-                                               else False), (*w, "restarts"))
-            else:
-                default = DEFAULT_OUTCOMES[name]
-                dest, actions, restarts = default.dest, default.actions, default.restarts
-            out[name] = OutcomeSpec(name=name, dest=str(dest), actions=tuple(actions),
-                                    restarts=restarts)
-        return out

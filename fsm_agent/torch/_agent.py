@@ -9,7 +9,6 @@ import math
 import os
 import shutil
 import tempfile
-import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -31,15 +30,8 @@ from fsm_agent._job import LINGER_TIMEOUT
 from fsm_agent._params import bind_params
 from fsm_agent._peers import PEER_LOST_GUARD
 from fsm_agent._policy import rule_budgets
-from fsm_agent._progress import (
-    PROGRESS_DIR_ENV,
-    Mark,
-    newest_mtime,
-    note_attempt_end,
-    read_steps,
-)
-from fsm_agent._trace_schema import DIAGNOSTICS
-from fsm_agent.torch._compat import enabled, require_core
+from fsm_agent._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
+from fsm_agent.torch._compat import require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
 from fsm_agent.torch._etcd import etcd_rendezvous_poll
@@ -47,20 +39,11 @@ from fsm_agent.torch._fastpath import (
     cheap_rendezvous_events,
     fast_rendezvous,
     notify_background_syncs,
-    state_cache_expiry,
 )
-from fsm_agent.torch._hang import (
-    HANG_TIMEOUT_PARAM,
-    HUNG_TRIGGER,
-    HungRank,
-    encode_suspects,
-    find_suspects,
-    hang_failures,
-    merge_suspects,
-    take_stacks,
-)
+from fsm_agent.torch._hang import HANG_TIMEOUT_PARAM, HUNG_TRIGGER
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
-from fsm_agent.torch._job import JOB_FAILED, STORE_ERRORS, AgentJob
+from fsm_agent.torch._job import STORE_ERRORS, AgentJob
+from fsm_agent.torch._monitor import FATAL_EXCEPTIONS, MonitorWaitMixin
 from fsm_agent.torch._peers import PeerWatch, RoundLost, abortable_bootstrap, install_peer_watch
 from fsm_agent.torch._preload import WarmStartMixin
 from fsm_agent.torch._progress import HangDetector
@@ -79,9 +62,6 @@ __all__ = ["FSMElasticAgent", "LifecycleAgentMixin"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
-# Exceptions torch's SimpleElasticAgent.run() handles itself; the engine must let them through
-# unwrapped (it wraps any other action error in ActionError and moves to UNKNOWN).
-FATAL_EXCEPTIONS: tuple[type[BaseException], ...] = (SignalException, RendezvousGracefulExitError)
 #: How many rounds in a row a rendezvous leaves because their rank 0 was lost before it
 #: published the workers' store (fsm_agent.torch._peers.RoundLost) before it gives up.
 MAX_LOST_ROUNDS = 10
@@ -102,7 +82,7 @@ def rendezvous_over(error: BaseException) -> bool:
     return False
 
 
-class LifecycleAgentMixin:
+class LifecycleAgentMixin(MonitorWaitMixin):
     """Makes any ``SimpleElasticAgent`` subclass spec-driven: list it first among the bases.
 
     ::
@@ -412,246 +392,11 @@ class LifecycleAgentMixin:
             raise RuntimeError(f"[{lifecycle.context.role}] lifecycle ended without a result")
         return result
 
-    def _monitor_wait(self, interval: float) -> str | None:
-        """Wait between two looks at the workers: ``monitor_interval``, or less if one exits.
-
-        The tick still comes every ``interval`` (health and membership checks); a worker's exit
-        ends the wait at once (``fsm_agent.torch._wakeup``). Returning the name of one of the
-        spec's own triggers fires it: ``hung`` when the spec asks for hang detection and every
-        worker stood still for ``hang_timeout`` (sampled within the wait), or when a torch
-        timer expired (``fsm_agent.torch._hang``).
-        """
-        quiet = self._fsm_quiet
-        lifecycle = self._lifecycle
-        if lifecycle is not None and lifecycle.deadline is None:  # no timer to wake up for
-            interval = quiet.wait_for(
-                interval, state_cache_expiry(self._worker_group.spec.rdzv_handler)
-            )
-        hangs = self._fsm_hangs
-        sampling = hangs is not None and hangs.watching
-        # Another agent's announcement ends any wait (a tick, a backoff): fsm_agent.torch._job.
-        job = self._fsm_job
-        if job is not None and (lifecycle is None or JOB_FAILED not in lifecycle.spec.triggers):
-            job = None
-        woke: bool | None = None
-        if sampling or job is not None:
-            # progress samples and store polls on their own grids, inside the wait
-            deadline = time.monotonic() + interval
-            while True:
-                if job is not None and job.check() is not None:
-                    quiet.waited(True)
-                    return JOB_FAILED
-                if sampling:
-                    assert hangs is not None
-                    hung = hangs.poll()
-                    if hung:
-                        quiet.waited(None)
-                        return self._fsm_report_hang([
-                            HungRank(h.local_rank, self._worker_group.workers[h.local_rank]
-                                     .global_rank, h.pid, h.idle_for, h.describe(hangs.timeout),
-                                     h.exited)
-                            for h in hung], source="progress")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                step = left
-                if sampling:
-                    assert hangs is not None
-                    step = min(step, max(hangs.next_sample_in(), 1e-3))
-                if job is not None and not (job.watched and self._fsm_wakeable()):
-                    step = min(step, job.poll_interval)  # no watch to end the wait: poll
-                woke = self._fsm_wait(step)
-                if woke is not False:
-                    if job is not None and job.check() is not None:  # the watch's wake-up
-                        quiet.waited(True)
-                        return JOB_FAILED
-                    break
-        else:
-            woke = self._fsm_wait(interval)
-        quiet.waited(woke)
-        if self._fsm_hung_trigger:
-            timer_hangs = getattr(self, "_fsm_timer_hangs", None)
-            expired = timer_hangs() if timer_hangs is not None else []
-            if expired:
-                return self._fsm_report_hang(expired, source="timer")
-        return None
-
-    def _fsm_wait(self, seconds: float) -> bool | None:
-        """Sleep up to ``seconds``: True when a worker's exit ended the wait early, False when
-        the time ran out, None when the waker failed (a plain sleep)."""
-        try:
-            return bool(self._fsm_waker().wait(seconds))
-        except FATAL_EXCEPTIONS:
-            raise  # a termination signal raised by torch's handler during the wait
-        except Exception as e:
-            self._fsm_waker_fallback("wait", e)
-            time.sleep(seconds)
-            return None
-
-    def _fsm_report_hang(self, hung: list[HungRank], *, source: str) -> str | None:
-        """Make the observation UNHEALTHY with the hung ranks' failures and return ``hung``."""
-        lifecycle = self._lifecycle
-        if lifecycle is None or not lifecycle.spec.outgoing(lifecycle.state_name, HUNG_TRIGGER):
-            return None
-        if self._fsm_hangs is not None:
-            self._fsm_hangs.clear()  # once per attempt: the spec decides what follows
-        role = self._worker_group.spec.role
-        error_files = dict(getattr(getattr(self, "_pcontext", None), "error_files", {}) or {})
-        lifecycle.context.observed = RunResult(state=WorkerState.UNHEALTHY,
-                                               failures=hang_failures(hung, error_files))
-        note_attempt_end(lifecycle.context)  # a hung attempt may have made no progress either
-        detector = self._fsm_hangs
-        self._fsm_note("hang", {
-            "source": source,
-            "timeout_s": detector.timeout if detector is not None else None,
-            "sample_period_s": detector.period if detector is not None else None,
-            "workers": [h.as_dict() for h in hung],
-        })
-        logger.warning("[%s] worker group hung: rank(s) %s (%s)", role,
-                       sorted(h.global_rank for h in hung), hung[0].description)
-        return HUNG_TRIGGER
-
-    def _fsm_note(self, key: str, value: Any) -> None:
-        if key not in DIAGNOSTICS:  # the readers know only the declared records
-            raise ValueError(f"undeclared diagnostics record {key!r} (fsm_agent._trace_schema)")
-        if self._fsm_diagnostics is None:
-            self._fsm_diagnostics = {}
-        self._fsm_diagnostics[key] = value
-
-    def _fsm_note_health(self, result: Any) -> None:
-        checks = (self._fsm_diagnostics or {}).get("health", {}).get("checks", [])
-        checks = [*checks, result.as_dict()]
-        failed = [c for c in checks if not c["ok"]]
-        self._fsm_note("health", {"ok": not failed, "checks": checks,
-                                  "reason": f"{failed[0]['name']}: {failed[0]['reason']}"
-                                  if failed else None})
-
-    def trace_fields(self) -> dict[str, Any]:
-        """Fields for the trace's next record (a ``JsonlTraceWriter``'s ``dynamic``): the group
-        rank, and ``diagnostics`` (a hang, the stacks taken, health checks) once, on the record
-        of the step they belong to."""
-        out: dict[str, Any] = {}
-        group = getattr(self, "_worker_group", None)
-        if group is not None:
-            out["group_rank"] = group.group_rank
-        if self._fsm_diagnostics:
-            out["diagnostics"], self._fsm_diagnostics = self._fsm_diagnostics, None
-        return out
-
-    def _fsm_capture_stacks(self) -> None:
-        """Dump every running worker's stacks (the ``capture_stacks`` action)."""
-        pcontext = getattr(self, "_pcontext", None)
-        group = self._worker_group
-        role = group.spec.role
-        if pcontext is None:
-            logger.warning("[%s] capture_stacks: no workers to take stacks of", role)
-            return
-        pids = pcontext.pids()
-        workers = {w.local_rank: (w.global_rank, pids[w.local_rank]) for w in group.workers
-                   if w.local_rank in pids}
-        lifecycle = self._lifecycle
-        observed = lifecycle.context.observed if lifecycle is not None else None
-        failures = dict(getattr(observed, "failures", None) or {})
-        hung = "hang" in (self._fsm_diagnostics or {})
-        reason = "the group hung" if hung else f"observed {getattr(observed, 'state', '?')}"
-        dumps = take_stacks(workers, dict(pcontext.error_files or {}), role=role, reason=reason)
-        found = find_suspects(dumps) if hung else None
-        job = self._fsm_job
-        nodes = group.group_world_size or 1
-        if found is not None and job is not None and nodes > 1:
-            # the other nodes found their hang within about a sample of this one: the job's
-            # suspects are in every node's part
-            period = self._fsm_hangs.period if self._fsm_hangs is not None else 1.0
-            found = merge_suspects(job.pool_notes("suspects", encode_suspects(found), nodes,
-                                                  min(15.0, max(2.0, 3 * period))))
-        for rank, dump in dumps:
-            failure = failures.get(rank)
-            if failure is not None and isinstance(getattr(failure, "message", None), str):
-                where = found.about(rank) if found is not None else ""
-                failure.message = f"{failure.message}{where}; {dump.describe()}"
-        self._fsm_note("stacks", [
-            {"rank": rank, "pid": d.pid, "path": d.path, "method": d.method, "error": d.error}
-            for rank, d in dumps])
-        if found is not None and found.summary:
-            logger.warning("[%s] %s", role, found.summary)
-            self._fsm_note("suspects", found.as_dict())
-            if observed is not None and found.suspects and failures:
-                # the suspects first: the root cause of a hang is the rank the others wait for
-                first = [r for r in failures if r in found.suspects]
-                observed.failures = {r: failures[r] for r in
-                                     [*first, *(r for r in failures if r not in first)]}
-
     def _stop_workers(self, worker_group: WorkerGroup, *args: Any, **kwargs: Any) -> None:
         # Stopped workers make no progress: the detector watches the next start's.
         if self._fsm_hangs is not None:
             self._fsm_hangs.clear()
         super()._stop_workers(worker_group, *args, **kwargs)  # type: ignore[misc]
-
-    def _fsm_ticks_seen(self) -> bool:
-        # Whether anything besides this agent sees each tick: lifecycle listeners (a trace
-        # writer records every tick), or the hang watchdog (ours reports a hang on the next
-        # tick). A listener with a false `every_tick` attribute (the agent's own; the run
-        # summary's recorder: it folds the ticks that change nothing) does not need a tick
-        # when nothing can change.
-        lifecycle = self._lifecycle
-        if lifecycle is None or getattr(self, "_worker_watchdog", None) is not None:
-            return True
-        return any(getattr(fn, "every_tick", True) for fn in getattr(lifecycle, "_listeners", ()))
-
-    def _fsm_wake(self) -> None:
-        # From torch's keep-alive thread: the rendezvous state was refreshed, look at it now.
-        waker = self._fsm_exit_waker
-        if waker is not None:
-            with contextlib.suppress(Exception):
-                waker.wake()
-
-    def _on_workers_started(self) -> None:
-        """Called after every start of the workers (first start and each restart)."""
-        # watch the new workers' exits; agents without torch's _pcontext just tick.
-        self._fsm_quiet.watching(None)
-        pcontext = getattr(self, "_pcontext", None)
-        if pcontext is not None and self._fsm_hangs is not None:
-            self._fsm_hangs.watch({w.local_rank: pid for w in self._worker_group.workers
-                                   if (pid := pcontext.pids().get(w.local_rank)) is not None})
-        if pcontext is None or self._fsm_waker_failed or not enabled("wakeup"):
-            return
-        try:
-            waker = self._fsm_waker()
-            waker.watch(pcontext)
-        except FATAL_EXCEPTIONS:
-            raise
-        except Exception as e:
-            self._fsm_waker_fallback("watch", e)
-            return
-        if waker.backend != "tick":
-            self._fsm_quiet.watching(pcontext)  # every exit of these workers wakes the loop
-
-    def _fsm_waker_fallback(self, what: str, error: Exception) -> None:
-        # The waker only says when to look, never what happened: when it breaks (a process
-        # context without real pids, an fd error) the monitor loop still works on plain ticks.
-        self._fsm_waker_failed = True
-        self._fsm_quiet.watching(None)
-        broken, self._fsm_exit_waker = self._fsm_exit_waker, None
-        if broken is not None:
-            with contextlib.suppress(Exception):
-                broken.close()
-        logger.warning(
-            "[%s] worker-exit waker failed in %s (%s: %s); looking at the workers every "
-            "monitor_interval from now on",
-            self._worker_group.spec.role, what, type(error).__name__, error,
-        )
-
-    def _fsm_wakeable(self) -> bool:
-        """Whether another thread can end the current wait (the waker is not a plain sleep)."""
-        return self._fsm_waker().backend != "tick"
-
-    def _fsm_waker(self) -> WorkerExitWaker:
-        # Created on first use, so subclasses whose __init__ runs first need nothing extra.
-        waker = self._fsm_exit_waker
-        if waker is None:
-            plain = self._fsm_waker_failed or not enabled("wakeup")
-            waker = self._fsm_exit_waker = WorkerExitWaker("tick" if plain else None)
-        return waker
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         # torch's rendezvous without its needless sleeps (fsm_agent.torch._fastpath).
