@@ -30,7 +30,7 @@ from ._params import ParamSpec
 from ._progress import progress
 from ._spec import MetricSpec, Spec, StateSpec, TransitionSpec
 from ._step import ActionRecord, Listener, Step
-from ._vocabulary import Context, Kind, Vocabulary
+from ._vocabulary import Context, Kind, KindExample, Vocabulary
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
@@ -45,6 +45,7 @@ __all__ = [
     "Driver",
     "JobDriver",
     "Kind",
+    "KindExample",
     "Lifecycle",
     "LifecycleError",
     "Listener",

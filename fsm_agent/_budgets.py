@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._context import MAX_ATTEMPTS_KEPT, Kind
+from ._context import KindExample as E
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -94,11 +95,19 @@ def _consume_budget(budget: str) -> Callable[[Context], None]:
     return action
 
 
+# Examples: a budget of 2 restarts over the whole job.
+_INFRA = {"budgets": {"infra": {"max": 2}}}
+
 GUARD_KINDS: dict[str, Kind] = {
-    "budget_left": Kind(_budget_left, {"budget": "str"}, "budget",
-                        description="a restart of the named budget is left"),
+    "budget_left": Kind(
+        _budget_left, {"budget": "str"}, "budget",
+        description="a restart of the named budget is left (a spec's `budgets` block declares "
+        "one `has_NAME_restarts_left` guard of this kind per budget)",
+        examples=(E("infra", True, context={"budget_counts": {"infra": 1}}, spec=_INFRA),
+                  E("infra", False, context={"budget_counts": {"infra": 2}}, spec=_INFRA))),
 }
 ACTION_KINDS: dict[str, Kind] = {
     "consume_budget": Kind(_consume_budget, {"budget": "str"}, "budget",
-                           description="spend one restart of the named budget"),
+                           description="spend one restart of the named budget (declared as "
+                           "`consume_NAME_restart` for each budget)"),
 }

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from ._driver import Driver
     from ._step import Step
 
-__all__ = ["MAX_ATTEMPTS_KEPT", "Action", "ActionDef", "Context", "Guard", "Kind", "frozen_mapping"]
+__all__ = ["MAX_ATTEMPTS_KEPT", "Action", "ActionDef", "Context", "Guard", "Kind", "KindExample",
+           "frozen_mapping"]
 
 #: Failed attempts and restart times remembered (for the consecutive-failure and window guards).
 MAX_ATTEMPTS_KEPT = 1000
@@ -165,6 +166,40 @@ def _name_set(names: Iterable[str]) -> frozenset[str]:
     return frozenset(names)
 
 
+def _frozen_records(records: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    return tuple(frozen_mapping(r) for r in records)
+
+
+@attrs.frozen
+class KindExample:
+    """One case of a guard kind, as data: the spec's argument, what the guard sees, its answer.
+
+    ``args`` is what a spec writes after the kind (``[3]``, ``{codes: [3], ranks: any}``,
+    ``"30s"``); an argument in the kind's ``user_only`` is given through a spec parameter, as a
+    user would. What the guard sees: ``failures``, the observed failed ranks (the attributes of
+    torch's ``ProcessFailure``: ``exitcode``, and ``message`` for the error file's text; none: a
+    healthy observation); ``context``, fields of the ``Context`` (``attempt_started``,
+    ``restart_times``, ...); ``now``, the clock's time; ``guards``, the values of other guards the
+    argument names (for combinators); ``driver``, attributes of the driver (``has_job``);
+    ``spec``, sections the spec needs besides the guard (a ``budgets`` block).
+    ``expect`` is the guard's value. ``tests/test_kinds.py`` runs every example of every
+    built-in kind through a spec and a lifecycle.
+    """
+
+    args: Any
+    expect: bool
+    failures: tuple[Mapping[str, Any], ...] = attrs.field(default=(), converter=_frozen_records)
+    context: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    now: float = 0.0
+    guards: Mapping[str, bool] = attrs.field(factory=dict, converter=frozen_mapping)
+    driver: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+    spec: Mapping[str, Any] = attrs.field(factory=dict, converter=frozen_mapping)
+
+
+def _examples(examples: Iterable[KindExample]) -> tuple[KindExample, ...]:
+    return tuple(examples)
+
+
 @attrs.frozen
 class Kind:
     """A parameterised guard or action: typed arguments, and a factory that builds it from them.
@@ -180,6 +215,9 @@ class Kind:
     A spec is data someone may hand you, so there it can only name a parameter whose default is
     empty; the value comes from the user who runs the job (``--spec-param``) or from Python code
     the user registers (a vocabulary).
+    ``description`` is the kind's row in docs/spec-format.md (for a guard: when it holds), and
+    ``examples`` are cases it must get right (``KindExample``); a built-in guard kind has them,
+    or says in ``untested`` why its inputs cannot be written down as data.
     """
 
     factory: Callable[..., Callable[[Context], Any]]
@@ -191,6 +229,8 @@ class Kind:
     description: str = ""
     user_only: frozenset[str] = attrs.field(default=frozenset(), converter=_name_set)
     implies: Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None = None
+    examples: tuple[KindExample, ...] = attrs.field(default=(), converter=_examples)
+    untested: str = ""
 
     def instantiate(self, args: Mapping[str, Any], values: Mapping[str, Any]) -> Callable[..., Any]:
         """The guard or action for ``args`` (values, or ``Ref``s resolved against ``values``)."""

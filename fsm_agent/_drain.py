@@ -156,7 +156,7 @@ ACTION_KINDS: dict[str, Kind] = {
     "announce_preemption": Kind(
         _announce_preemption, {"exit_code": "int"}, "exit_code", {"exit_code": 0},
         description="settle the preemption's exit code (0: 128 + the signal) and announce it "
-        "to every agent of the job"),
+        "to every agent of the job (\"Preemption\" below)"),
     "drain_workers": Kind(
         _drain_workers, {"signal": "str"}, "signal", {"signal": "SIGTERM"},
         choices={"signal": DRAIN_SIGNALS},

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._context import Kind
+from ._context import KindExample as E
 from ._units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -336,26 +337,39 @@ def _leave_job(exit_code: int) -> Callable[[Context], None]:
 
 #: Health checks, as parameterised guard kinds (``guards: {disk_ok: {disk_free: ...}}``).
 GUARD_KINDS: dict[str, Kind] = {
-    "disk_free": Kind(_disk_free_kind, {"paths": "str_list", "min_free": "str",
-                                        "timeout": "duration"},
-                      None, {"timeout": 10.0},
-                      description="every path has `min_free` free (no paths: true)"),
-    "store_reachable": Kind(_store_kind, {"timeout": "duration", "endpoint": "str"}, "timeout",
-                            {"endpoint": ""},
-                            description="the rendezvous store (or `HOST:PORT`) answers a "
-                            "request in time",
-                            user_only={"endpoint"}),
-    "command_succeeds": Kind(_command_kind, {"command": "str", "timeout": "duration"},
-                             "command", {"timeout": 60.0},
-                             description="the command exits 0 in time (an empty command: true)",
-                             user_only={"command"}),
-    "clean_slate": Kind(_slate_kind, {"timeout": "duration"}, "timeout", {},
-                        description="no process of the node's earlier attempts is left: those the "
-                        "driver finds are SIGKILLed and gone within `timeout` (a driver that "
-                        "does not track its workers' processes: true)"),
-    "not_quarantined": Kind(_not_quarantined_kind, {}, None, {},
-                            description="this node carries no quarantine mark of the job (the "
-                            "driver's look at the mark; a driver that keeps none: true)"),
+    "disk_free": Kind(
+        _disk_free_kind, {"paths": "str_list", "min_free": "str", "timeout": "duration"}, None,
+        {"timeout": 10.0},
+        description="every path has `min_free` (a size: `10GB`) free (no paths: true)",
+        examples=(E({"paths": ["/"], "min_free": "0B"}, True),
+                  E({"paths": ["/"], "min_free": "1000000GB"}, False),
+                  E({"paths": [], "min_free": "1000000GB"}, True))),
+    "store_reachable": Kind(
+        _store_kind, {"timeout": "duration", "endpoint": "str"}, "timeout", {"endpoint": ""},
+        user_only={"endpoint"},
+        description="the rendezvous store (or `HOST:PORT`) answers a request in time (a driver "
+        "that does not know its store's address: true)",
+        # port 1: nothing listens there, so the connection is refused
+        examples=(E("1s", True), E({"timeout": "200ms", "endpoint": "127.0.0.1:1"}, False))),
+    "command_succeeds": Kind(
+        _command_kind, {"command": "str", "timeout": "duration"}, "command", {"timeout": 60.0},
+        user_only={"command"},
+        description="the command (run without a shell) exits 0 in time (an empty command: "
+        "true)",
+        examples=(E("true", True), E("false", False), E("", True),
+                  E({"command": "sleep 5", "timeout": "100ms"}, False))),
+    "clean_slate": Kind(
+        _slate_kind, {"timeout": "duration"}, "timeout", {},
+        description="no process of the node's earlier attempts is left: those the driver finds "
+        "are SIGKILLed and gone within `timeout` (a driver that does not track its workers' "
+        "processes: true)",
+        untested="what it finds is the torch driver's table of worker processes "
+        "(tests/reliability/test_clean_slate.py)"),
+    "not_quarantined": Kind(
+        _not_quarantined_kind, {}, None, {},
+        description="this node carries no quarantine mark of the job (the driver's look at the "
+        "mark; a driver that keeps none: true)",
+        untested="the mark is on the job's rendezvous store (tests/torch/test_quarantine.py)"),
 }
 
 #: ``leave_job``: the terminal action of a node that failed its health checks.
@@ -363,7 +377,9 @@ ACTION_KINDS: dict[str, Kind] = {
     "leave_job": Kind(_leave_job, {"exit_code": "int"}, "exit_code",
                       {"exit_code": UNHEALTHY_EXIT_CODE}, terminal=True,
                       description="stop and leave the job (the others go on) with this exit "
-                      "code"),
+                      "code and the failed health check's reason, without closing the "
+                      "rendezvous: put it on the entry of the final state a failed check leads "
+                      "to"),
 }
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._context import Context, Guard, Kind
+from ._context import KindExample as E
 
 __all__ = ["ACTION_KINDS", "GUARD_KINDS", "error_type", "exit_code", "signal_name",
            "stopped_by_torch"]
@@ -189,48 +190,95 @@ def _at_least(*keys: str, at_most: tuple[str, ...] = ()) -> Callable[
                 and all(mine[k] <= earlier[k] for k in at_most))
     return implies
 
+# Examples' failed ranks: what torch lists when rank 0 exited 3 and it stopped rank 1 (SIGTERM).
+_CODE_3 = ({"exitcode": 3},)
+_CODE_3_STOPPED = ({"exitcode": 3}, {"exitcode": -15})
+_CODES_3_1 = ({"exitcode": 3}, {"exitcode": 1})
+_KILLED = ({"exitcode": -9},)
+_OOM = ({"exitcode": 1, "message": "torch.OutOfMemoryError: CUDA out of memory"},)
+_CHOICES = {"g": True, "h": False}
+
 GUARD_KINDS: dict[str, Kind] = {
-    "exit_code_in": Kind(_exit_code_in, {"codes": "int_list", "ranks": "str"}, "codes",
-                         {"ranks": "all"}, _RANKS_ARG, implies=_listed("codes"),
-                         description="there is a failure and every (any) failed rank "
-                         "exited with one of the codes"),
-    "exit_code_not_in": Kind(_exit_code_not_in, {"codes": "int_list", "ranks": "str"}, "codes",
-                             {"ranks": "all"}, _RANKS_ARG,
-                             description="there is a failure and every (any) failed "
-                             "rank exited with a code not listed"),
-    "signal_in": Kind(_signal_in, {"signals": "str_list", "ranks": "str"}, "signals",
-                      {"ranks": "all"}, _RANKS_ARG, implies=_listed("signals"),
-                      description="every (any) failed rank was killed by one of the signals"),
-    "error_type_in": Kind(_error_type_in, {"types": "str_list", "ranks": "str"}, "types",
-                          {"ranks": "all"}, _RANKS_ARG, implies=_listed("types"),
-                          description="the exception type recorded in the error file "
-                          "(`\"ValueError: ...\"`) is listed (a name matches its last "
-                          "dotted part)"),
-    "failed_ranks_at_least": Kind(_failed_ranks_at_least, {"count": "int"}, "count",
-                                  implies=_at_least("count"),
-                                  description="at least this many ranks failed"),
-    "attempt_shorter_than": Kind(_attempt_shorter_than, {"duration": "duration"}, "duration",
-                                 implies=_at_least(at_most=("duration",)),
-                                 description="the attempt (time since the workers were last "
-                                 "started) is shorter: a crash at start-up"),
+    "exit_code_in": Kind(
+        _exit_code_in, {"codes": "int_list", "ranks": "str"}, "codes", {"ranks": "all"},
+        _RANKS_ARG, implies=_listed("codes"),
+        description="there is a failure and every (any) failed rank exited with one of the codes",
+        examples=(E([3, 4], True, _CODE_3), E([3], True, _CODE_3_STOPPED),
+                  E([3], False, _CODES_3_1), E({"codes": [3], "ranks": "any"}, True, _CODES_3_1),
+                  E([3], False), E([], False, _CODE_3))),
+    "exit_code_not_in": Kind(
+        _exit_code_not_in, {"codes": "int_list", "ranks": "str"}, "codes", {"ranks": "all"},
+        _RANKS_ARG,
+        description="there is a failure and every (any) failed rank exited with a code not "
+        "listed",
+        examples=(E([1], True, _CODE_3), E([1], False, _CODES_3_1),
+                  E({"codes": [1], "ranks": "any"}, True, _CODES_3_1), E([1], False),
+                  # every listed rank ended by SIGTERM: something else sent it, they failed
+                  E([3], True, ({"exitcode": -15}, {"exitcode": -15})))),
+    "signal_in": Kind(
+        _signal_in, {"signals": "str_list", "ranks": "str"}, "signals", {"ranks": "all"},
+        _RANKS_ARG, implies=_listed("signals"),
+        description="every (any) failed rank was killed by one of the signals (`KILL` or "
+        "`SIGKILL`)",
+        examples=(E(["KILL", "SIGSEGV"], True, _KILLED), E(["SIGKILL"], False, _CODE_3),
+                  E(["SIGKILL"], False, ({"exitcode": -9}, {"exitcode": 1})),
+                  E({"signals": ["SIGKILL"], "ranks": "any"}, True,
+                    ({"exitcode": -9}, {"exitcode": 1})),
+                  # a rank torch stopped is not a failed one
+                  E(["SIGTERM"], False, _CODE_3_STOPPED))),
+    "error_type_in": Kind(
+        _error_type_in, {"types": "str_list", "ranks": "str"}, "types", {"ranks": "all"},
+        _RANKS_ARG, implies=_listed("types"),
+        description="the exception type recorded in the error file (`\"ValueError: ...\"`) is "
+        "listed (a name matches its last dotted part)",
+        examples=(E(["torch.OutOfMemoryError"], True, _OOM), E(["OutOfMemoryError"], True, _OOM),
+                  E(["ValueError"], False, _OOM), E(["ValueError"], False, _CODE_3))),
+    "failed_ranks_at_least": Kind(
+        _failed_ranks_at_least, {"count": "int"}, "count", implies=_at_least("count"),
+        description="at least `count` ranks failed (ranks torch stopped are not counted)",
+        examples=(E(2, True, _CODES_3_1), E(2, False, _CODE_3_STOPPED), E(1, True, _CODE_3),
+                  E(1, False))),
+    "attempt_shorter_than": Kind(
+        _attempt_shorter_than, {"duration": "duration"}, "duration",
+        implies=_at_least(at_most=("duration",)),
+        description="the attempt (time since the workers were last started) is shorter: a "
+        "crash at start-up",
+        examples=(E("10s", True, _CODE_3, {"attempt_started": 100.0}, now=105.0),
+                  E("10s", False, _CODE_3, {"attempt_started": 100.0}, now=111.0),
+                  E("10s", False, _CODE_3, {"attempt_started": None}, now=105.0))),
     "restarts_in_window_at_least": Kind(
         _restarts_in_window_at_least, {"count": "int", "window": "duration"},
         implies=_at_least("count", at_most=("window",)),
         description="at least `count` failure restarts happened in the last `window` (MaxR "
-        "in MaxT)"),
+        "in MaxT)",
+        examples=(E({"count": 2, "window": "1m"}, True, context={"restart_times": [50.0, 90.0]},
+                    now=100.0),
+                  E({"count": 2, "window": "1m"}, False, context={"restart_times": [30.0, 90.0]},
+                    now=100.0))),
     "consecutive_failures_at_least": Kind(
         _consecutive_failures_at_least, {"count": "int", "min_uptime": "duration"},
         implies=_at_least("count", at_most=("min_uptime",)),
         description="the last `count` attempts (this one included) each failed within "
-        "`min_uptime` of starting"),
+        "`min_uptime` of starting",
+        examples=(E({"count": 2, "min_uptime": "1m"}, True,
+                    context={"failed_attempts": [600.0, 5.0, 20.0]}),
+                  E({"count": 2, "min_uptime": "1m"}, False,
+                    context={"failed_attempts": [5.0, 600.0, 20.0]}),
+                  E({"count": 2, "min_uptime": "1m"}, False, context={"failed_attempts": [5.0]}))),
     "all_of": Kind(_all_of, {"guards": "guard_list"}, "guards",
-                   description="every listed guard holds"),
+                   description="every listed guard holds",
+                   examples=(E(["g"], True, guards=_CHOICES),
+                             E(["g", "h"], False, guards=_CHOICES))),
     "any_of": Kind(_any_of, {"guards": "guard_list"}, "guards",
-                   description="at least one listed guard holds"),
-    "not": Kind(_not, {"guard": "guard"}, "guard", description="the guard does not hold"),
+                   description="at least one listed guard holds",
+                   examples=(E(["g", "h"], True, guards=_CHOICES),
+                             E(["h"], False, guards=_CHOICES))),
+    "not": Kind(_not, {"guard": "guard"}, "guard", description="the guard does not hold",
+                examples=(E("h", True, guards=_CHOICES), E("g", False, guards=_CHOICES))),
 }
 
 ACTION_KINDS: dict[str, Kind] = {
     "set_exit_code": Kind(_set_exit_code, {"code": "int"}, "code",
-                          description="the exit code the job ends with if it fails"),
+                          description="the exit code (1 to 255) the job ends with if it "
+                          "fails: `fsm-agent run`'s, and `Lifecycle.exit_code`"),
 }

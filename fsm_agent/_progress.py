@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ._context import Kind
+from ._context import KindExample as E
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -196,5 +197,8 @@ GUARD_KINDS: dict[str, Kind] = {
     "no_progress_restarts_at_least": Kind(
         _no_progress_restarts_at_least, {"count": "int"}, "count",
         description="the last `count` restarts in a row each failed without progress (0: "
-        "never)"),
+        "never)",
+        examples=(E(2, True, context={"stalled_restarts": 2}),
+                  E(2, False, context={"stalled_restarts": 1}),
+                  E(0, False, context={"stalled_restarts": 5}))),
 }

@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._context import ActionDef, Kind
+from ._context import KindExample as E
 from ._health import LeftJob
 from ._peers import PEER_LOST_GUARD
 
@@ -148,6 +149,10 @@ def _quarantine_node(exit_code: int, after: int) -> Callable[[Context], None]:
     return action
 
 
+# Examples: a failure of rank 0, seen by an agent in a job of several nodes.
+_EXIT_1 = ({"exitcode": 1},)
+_JOB = {"has_job": True}
+
 #: ``own_failures_at_least``: this failure is the node's own `count`-th in the job.
 GUARD_KINDS: dict[str, Kind] = {
     "own_failures_at_least": Kind(
@@ -155,7 +160,13 @@ GUARD_KINDS: dict[str, Kind] = {
         # a larger count implies a smaller one; 0 is "never", which implies nothing
         implies=lambda mine, earlier: bool(mine["count"] >= earlier["count"] > 0),
         description="this failure of the node's own workers (not one that followed a lost "
-        "node) is its `count`-th in a job of several nodes (0: never)"),
+        "node) is its `count`-th in a job of several nodes (0: never)",
+        examples=(E(2, True, _EXIT_1, {"own_failures": ["exit 1 (local rank 0)"]}, driver=_JOB),
+                  E(3, False, _EXIT_1, {"own_failures": ["exit 1 (local rank 0)"]}, driver=_JOB),
+                  E(1, False, _EXIT_1, driver={}),  # alone in its job
+                  E(0, False, _EXIT_1, driver=_JOB),
+                  E(1, False, _EXIT_1, driver={**_JOB, "lost_peers": lambda: ["node-b"]}),
+                  E(1, False, _EXIT_1, driver={**_JOB, "failed_first": lambda: False}))),
 }
 
 #: ``quarantine_node``: the terminal action of a quarantined node.
@@ -164,7 +175,8 @@ ACTION_KINDS: dict[str, Kind] = {
         _quarantine_node, {"exit_code": "int", "after": "int"}, "exit_code",
         {"exit_code": 75, "after": 0}, terminal=True,
         description="mark this node quarantined for the rest of the job, then leave it (the "
-        "others go on) with this exit code"),
+        "others go on) with this exit code, as `leave_job` does; `after` is the count the "
+        "reason names (`quarantine_after`)"),
 }
 
 #: ``count_own_failure``: one more failure of this node's own workers.

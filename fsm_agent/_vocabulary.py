@@ -18,7 +18,16 @@ import attrs
 
 from ._budgets import ACTION_KINDS as BUDGET_ACTION_KINDS
 from ._budgets import GUARD_KINDS as BUDGET_GUARD_KINDS
-from ._context import MAX_ATTEMPTS_KEPT, Action, ActionDef, Context, Guard, Kind, frozen_mapping
+from ._context import (
+    MAX_ATTEMPTS_KEPT,
+    Action,
+    ActionDef,
+    Context,
+    Guard,
+    Kind,
+    KindExample,
+    frozen_mapping,
+)
 from ._drain import ACTION_KINDS as DRAIN_ACTION_KINDS
 from ._drain import ACTIONS as DRAIN_ACTIONS
 from ._errors import WorkerGroupFailureException
@@ -32,7 +41,7 @@ from ._quarantine import ACTION_KINDS as QUARANTINE_ACTION_KINDS
 from ._quarantine import ACTIONS as QUARANTINE_ACTIONS
 from ._quarantine import GUARD_KINDS as QUARANTINE_GUARD_KINDS
 
-__all__ = ["Action", "ActionDef", "Context", "Guard", "Kind", "Vocabulary"]
+__all__ = ["Action", "ActionDef", "Context", "Guard", "Kind", "KindExample", "Vocabulary"]
 
 log = logging.getLogger("fsm_agent")
 
