@@ -107,11 +107,17 @@ def test_a_late_agent_and_a_spare_never_needed_end_with_one_line_and_announce_no
 
     store, port = standalone_store(jobs)
     args = nodes(2, "--rdzv-conf", "is_host=0", port=port, run_id="late")
-    a = jobs.start(args, env={"SLEEP": "6"}, name="node_a")
-    b = jobs.start(args, env={"SLEEP": "6"}, name="node_b")
+    # The workers run until the spare waits in the rendezvous: a spare that started after
+    # the job ended (a slow start on a loaded machine) would be a late agent.
+    gate = jobs.tmp_path / "spare_waits"
+    env = {"SLEEP": "60", "GATE": str(gate)}
+    a = jobs.start(args, env=env, name="node_a")
+    b = jobs.start(args, env=env, name="node_b")
     a.wait_for("start_*.json", 1, 60)
     b.wait_for("start_*.json", 1, 60)
     spare = jobs.start(args, name="spare")
+    _until_a_node_waits(port, "late", 60)
+    gate.touch()
     assert a.wait(60) == 0 and b.wait(60) == 0, (a.output + b.output)[-4000:]
     assert spare.wait(60) == 0, spare.output[-3000:]
     assert "the job ended without needing this node" in spare.output, spare.output[-3000:]
@@ -126,6 +132,27 @@ def test_a_late_agent_and_a_spare_never_needed_end_with_one_line_and_announce_no
     for job in (spare, late):
         assert "announced" not in job.output and "Traceback" not in job.output, job.output
     stop_store(store)
+
+
+def _until_a_node_waits(port: int, run_id: str, within: float) -> None:
+    """Wait until the c10d rendezvous of ``run_id`` holds a node beyond its participants."""
+    import pickle
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    backend = C10dRendezvousBackend(client, run_id)
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        got = backend.get_state()
+        if got is not None:
+            state = pickle.loads(got[0])
+            if state.wait_list or state.redundancy_list:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no node waited in the rendezvous of {run_id!r} within {within} s")
 
 
 @pytest.mark.timeout(120)

@@ -8,6 +8,8 @@ Environment:
   FAIL_CODE        its exit code (default 3)
   FAIL_AFTER       seconds it runs before failing (default 0.2)
   SLEEP            seconds every other worker runs before succeeding (default 120)
+  GATE             a file: every other worker succeeds as soon as it exists (SLEEP still
+                   bounds the wait)
   TRAP_TERM        "ignore": ignore SIGTERM (the agent stops it with SIGKILL after its shutdown
                    timeout, so the agent stays up that long)
 """
@@ -35,4 +37,7 @@ failing = env.get("FAIL_GROUP_RANK") is not None and int(env["FAIL_GROUP_RANK"])
 if failing and (attempts == "all" or str(attempt) in attempts.split(",")):
     time.sleep(float(env.get("FAIL_AFTER", "0.2")))
     sys.exit(int(env.get("FAIL_CODE", "3")))
-time.sleep(float(env.get("SLEEP", "120")))
+deadline = time.monotonic() + float(env.get("SLEEP", "120"))
+gate = env.get("GATE")
+while time.monotonic() < deadline and not (gate and os.path.exists(gate)):
+    time.sleep(min(0.05 if gate else 1.0, max(0.0, deadline - time.monotonic())))
