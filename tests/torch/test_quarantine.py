@@ -32,12 +32,12 @@ def jobs(tmp_path: Path) -> Iterator[Jobs]:
 
 def _args(port: int, run_id: str, addr: str, spec: str = "resilient", nnodes: str = "2:2",
           params: tuple[str, ...] = ("quarantine_after=2", "backoff_initial=0.2"),
-          max_restarts: int = 10) -> list[str]:
+          max_restarts: int = 10, keep_alive_attempts: int = 2) -> list[str]:
     return ["--spec", spec, "--nnodes", nnodes, "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
             "--rdzv-id", run_id, "--max-restarts", str(max_restarts), "--local-addr", addr,
             "--rdzv-conf", "is_host=0,join_timeout=120,last_call_timeout=1,"
-                           "keep_alive_interval=1,keep_alive_max_attempt=2",
+                           f"keep_alive_interval=1,keep_alive_max_attempt={keep_alive_attempts}",
             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT), *FAST,
             *(a for p in params for a in ("--spec-param", p) if spec == "resilient")]
 
@@ -136,8 +136,11 @@ def test_a_failure_that_follows_a_lost_node_does_not_count(jobs: Jobs, tmp_path:
     # spare in the lost slot, and the job ends 0 (spare_takes_rank_0 checks all three).
     jobs.default_script = ALLREDUCE_WORKER
     store, port = standalone_store(jobs)
+    # The survivor must see its worker fail before the lost node's keep-alive runs out: else a
+    # healthy tick finds the node lost first and restarts for it, and no failure is counted or
+    # not (a loaded machine took more than the 2 s of two attempts to reap the failed worker).
     args = _args(port, "peer-lost-not-own", "127.0.0.1", params=("quarantine_after=1",),
-                 max_restarts=0)
+                 max_restarts=0, keep_alive_attempts=6)
     survivor = spare_takes_rank_0(jobs, args, tmp_path / "stop")
     assert "rule 'peer_lost'" in survivor.output, survivor.output[-4000:]
     assert "quarantined" not in survivor.output, survivor.output[-4000:]
