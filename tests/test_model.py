@@ -33,7 +33,7 @@ from torch.distributed.elastic.agent.server.api import WorkerState
 from fsm_agent import Lifecycle, LifecycleError, Preemption, VirtualClock
 from fsm_agent._progress import Mark
 from fsm_agent.testing import RecordingDriver, ReferenceRun, ScriptedRandom
-from fsm_agent.testing._conformance import compare_traces, same_calls
+from fsm_agent.testing._compare import compare_traces, same_calls
 from fsm_agent.testing._reference import RESILIENT_DEFAULTS, Pending, Raised, Returned, Trace
 from fsm_agent.testing._strategies import (
     RESILIENT_PARAM_VALUES,

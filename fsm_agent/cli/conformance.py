@@ -116,12 +116,12 @@ def _conformance(argv: list[str]) -> int:
     from ..testing._conformance import (
         ConformanceFailure,
         HarnessError,
-        _profile,
         default_settings,
-        resolve_target,
         run_conformance,
     )
+    from ..testing._oracle import _profile
     from ..testing._strategies import RunConfig
+    from ..testing._targets import resolve_target
 
     if args.examples < 1:
         raise UsageError(f"--examples must be at least 1, got {args.examples}")

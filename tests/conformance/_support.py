@@ -10,16 +10,11 @@ import attrs
 from hypothesis import HealthCheck, settings
 
 from fsm_agent import Lifecycle
-from fsm_agent.testing._conformance import (
-    _profile,
-    compare_traces,
-    draw_case,
-    render_table,
-    resolve_target,
-    run_script,
-)
+from fsm_agent.testing._conformance import compare_traces, draw_case, render_table, run_script
+from fsm_agent.testing._oracle import _profile
 from fsm_agent.testing._reference import Raised, Returned, Trace, reference_trace
 from fsm_agent.testing._strategies import RunConfig, Tick
+from fsm_agent.testing._targets import resolve_target
 
 #: FSM_AGENT_CONFORMANCE_LONG=1 runs the long mode (100,000 scripts per preset);
 #: FSM_AGENT_CONFORMANCE_EXAMPLES=N sets the count outright. 500 in CI: scripts average about

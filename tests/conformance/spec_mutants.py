@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fsm_agent import Lifecycle
-from fsm_agent.testing._conformance import resolve_target, run_script
+from fsm_agent.testing._conformance import run_script
+from fsm_agent.testing._targets import resolve_target
 
 from ._support import draw_script, ours_from_torch
 

@@ -22,13 +22,12 @@ from hypothesis import strategies as st
 from fsm_agent import Lifecycle
 from fsm_agent.testing._conformance import (
     ConformanceFailure,
-    _oracle,
-    _profile,
     check_script,
     default_settings,
     draw_case,
     run_conformance,
 )
+from fsm_agent.testing._oracle import _oracle, _profile
 from fsm_agent.testing._reference import (
     Pending,
     Raised,

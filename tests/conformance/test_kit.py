@@ -14,7 +14,6 @@ from fsm_agent.testing._conformance import (
     ConformanceFailure,
     HarnessError,
     SupervisorConformance,
-    _oracle,
     check_script,
     conformance_machine,
     default_settings,
@@ -22,6 +21,7 @@ from fsm_agent.testing._conformance import (
     run_script,
     simplify,
 )
+from fsm_agent.testing._oracle import _oracle
 from fsm_agent.testing._strategies import RunConfig, Tick
 from fsm_agent.torch import LifecycleAgentMixin
 

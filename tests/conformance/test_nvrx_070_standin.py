@@ -18,13 +18,13 @@ from fsm_agent.testing._conformance import (
     ConformanceFailure,
     HarnessError,
     default_settings,
-    resolve_target,
     run_conformance,
     run_script,
 )
 from fsm_agent.testing._reference import Pending, Returned
 from fsm_agent.testing._strategies import RunConfig, Tick
 from fsm_agent.testing._target_api import NVRX, TargetAPI, load_target_api
+from fsm_agent.testing._targets import resolve_target
 
 from .nvrx_0_7_standin import StandInNVRx070Agent
 
