@@ -7,8 +7,9 @@ nothing written before it; at most the line being written is cut short, and the 
 
 Every field of a header and of a step record, its JSON types and meaning, the ``diagnostics``
 records and the fold rule are declared in ``fsm_agent._trace_schema`` (docs/diagrams.md shows
-them as tables). A header (``"kind": "header"``) may appear again later in the file: each one
-starts a new lifecycle.
+them as tables); ``step_record`` is compiled from its ``STEP_FIELDS``, so this module names no
+field of a step but the few it reads to fold and to rotate. A header (``"kind": "header"``) may
+appear again later in the file: each one starts a new lifecycle.
 
 A writer that cannot write a record (a full disk, a file size limit) stops and, if the file still
 takes it, appends ``{"kind": "incomplete", "seq": N, "error": ...}``: records from ``seq`` N on

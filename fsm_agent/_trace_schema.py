@@ -1,10 +1,12 @@
 """The trace format, declared once: its name and version, every field of a header and of a step
 record with its JSON types and meaning, the ``diagnostics`` records, and the fold rule.
 
-The writer (``fsm_agent._trace``), the in-memory recorder of the run summary
-(``fsm_agent._summary.RunRecorder``), the reader's checks (``fsm_agent._trace_reader``) and the
-tables in docs/diagrams.md are derived from these tables (``tests/tools/test_trace.py`` checks the
-docs against :func:`field_table`). A new field goes here first.
+The writer (``fsm_agent._trace.step_record``, compiled from ``STEP_FIELDS``), the in-memory
+recorder of the run summary (``fsm_agent._summary.RunRecorder``, through ``step_record``), the
+fold rule, the reader's checks (``fsm_agent._trace_reader``) and the tables in docs/diagrams.md
+(``python tests/tools/trace_tables.py`` writes them; ``tests/tools/test_trace.py`` fails while
+they differ) are derived from these tables. A field the engine sets on its ``Step`` needs only
+its row here beside the attribute (CONTRIBUTING.md, "A field on trace records").
 """
 
 from __future__ import annotations
