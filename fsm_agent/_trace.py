@@ -7,8 +7,9 @@ nothing written before it; at most the line being written is cut short, and the 
 
 Every field of a header and of a step record, its JSON types and meaning, the ``diagnostics``
 records and the fold rule are declared in ``fsm_agent._trace_schema`` (docs/diagrams.md shows
-them as tables). A header (``"kind": "header"``) may appear again later in the file: each one
-starts a new lifecycle.
+them as tables); ``step_record`` is compiled from its ``STEP_FIELDS``, so this module names no
+field of a step but the few it reads to fold and to rotate. A header (``"kind": "header"``) may
+appear again later in the file: each one starts a new lifecycle.
 
 A writer that cannot write a record (a full disk, a file size limit) stops and, if the file still
 takes it, appends ``{"kind": "incomplete", "seq": N, "error": ...}``: records from ``seq`` N on
@@ -32,21 +33,25 @@ are always in ``PATH``; with ``backups=0`` the file is only ever capped, never l
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import json
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-import attrs
-
 from ._files import open_regular
 from ._trace_reader import MAX_LINE_BYTES, Trace, TraceRecord, read_trace
-from ._trace_schema import _RESERVED, TRACE_FORMAT, TRACE_VERSION, TraceError, fold_key
+from ._trace_schema import (
+    _RESERVED,
+    STEP_FIELDS,
+    TRACE_FORMAT,
+    TRACE_VERSION,
+    TraceError,
+    _jsonable,
+    fold_key,
+)
 from ._units import parse_size
 
 if TYPE_CHECKING:
@@ -73,67 +78,39 @@ logger = logging.getLogger(__name__)
 _FOLD_TAIL = '"count": {:<12}, "last_wall_time": {:<24}, "last_monotonic_time": {:<24}}}\n'
 _FOLD_TAIL_LEN = len(_FOLD_TAIL.format(0, 0, 0))
 
-def _jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy of ``value``: torch's ``ProcessFailure`` is a dataclass, for one."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if depth > 6:
-        return repr(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v, depth + 1) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name), depth + 1)
-                for f in dataclasses.fields(value)}
-    if attrs.has(type(value)):
-        return {f.name: _jsonable(getattr(value, f.name), depth + 1)
-                for f in attrs.fields(type(value))}
-    name = getattr(value, "name", None)
-    if isinstance(name, str) and type(value).__module__ != "builtins":
-        return name  # enum members such as WorkerState
-    return repr(value)
+def _compile_record() -> tuple[Callable[[Step, int], dict[str, Any]], str]:
+    """The function that makes a step's record from ``STEP_FIELDS``, and its source.
+
+    The schema is turned into one dict display (``{"kind": "step", "seq": seq, "wall_time":
+    step.wall_time, ..., "guards": convert_guards(step.guards), ...}``), compiled once, as
+    ``attrs`` compiles an ``__init__``: a record then costs what the dict written out by hand
+    cost (bench/trace_writer.py), where reading the fields in a loop took twice as long.
+    """
+    writer_set = {"kind": '"step"', "seq": "seq"}  # a new one of these needs its value here
+    items: list[str] = []
+    env: dict[str, Any] = {}
+    for f in STEP_FIELDS:
+        if not f.from_step:
+            if f.owned:  # not the torch agent's diagnostics, which come as a dynamic field
+                items.append(f"{f.name!r}: {writer_set[f.name]}")
+            continue
+        value = f"step.{f.name}"
+        if f.convert is not None:
+            env[f"convert_{f.name}"] = f.convert
+            value = f"convert_{f.name}({value})"
+        items.append(f"{f.name!r}: {value}")
+    source = "def record(step, seq):\n    return {" + ", ".join(items) + "}\n"
+    exec(compile(source, "<fsm_agent._trace step record>", "exec"), env)
+    return env["record"], source
 
 
-def _failure_json(failure: Any) -> Any:
-    """One failure as JSON data; a message that is its error file's is written once."""
-    data = _jsonable(failure)
-    if isinstance(data, dict) and "message" in data:
-        from_file = data.get("error_file_data")
-        # torch's ProcessFailure sets message = error_file_data["message"]: a worker's 20 MB
-        # error message made a 40 MB record.
-        if isinstance(from_file, dict) and from_file.get("message") == data["message"]:
-            del data["message"]
-    return data
+_record, _RECORD_SOURCE = _compile_record()
 
 
 def step_record(step: Step, seq: int, static: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The trace record (a JSON-safe dict) of one engine ``Step``."""
-    record: dict[str, Any] = {
-        "kind": "step",
-        "seq": seq,
-        "wall_time": step.wall_time,
-        "monotonic_time": step.monotonic_time,
-        "role": step.role,
-        "trigger": step.trigger,
-        "source": step.source,
-        "dest": step.dest,
-        "guards": [{"name": name, "value": bool(value)} for name, value in step.guards],
-        "actions": [
-            {"name": a.name, "kind": a.kind, "duration_s": a.duration, "outcome": a.outcome,
-             "error": a.error}
-            for a in step.actions
-        ],
-        "remaining_restarts": step.remaining_restarts,
-        "restart_count": step.restart_count,
-        "observed": step.observed,
-        "failures": {str(rank): _failure_json(f) for rank, f in dict(step.failures).items()},
-        "error": step.error,
-        "rule": step.rule,
-        "timer": step.timer,
-    }
+    """The trace record (a JSON-safe dict) of one engine ``Step``: the fields of ``STEP_FIELDS``
+    (``fsm_agent._trace_schema``) in their order, then ``static``."""
+    record = _record(step, seq)
     if static:
         record.update(static)
     return record

@@ -229,24 +229,35 @@ def test_the_writer_writes_exactly_the_declared_fields(tmp_path: Path) -> None:
         for f in (*STEP_FIELDS, *FOLD_FIELDS):
             if f.name in step:
                 assert isinstance(step[f.name], f.types), (f.name, step[f.name])
-    # every field the engine owns is written (diagnostics are the torch agent's, when any)
-    assert {f.name for f in STEP_FIELDS} - {"diagnostics"} <= set(steps[0])
+    # every field the engine owns is written (diagnostics are the torch agent's, when any), in
+    # the schema's order, then the static ones
+    owned = [f.name for f in STEP_FIELDS if f.owned]
+    for step in steps:
+        assert list(step)[:len(owned)] == owned, step
     assert any("count" in s for s in steps)  # the healthy ticks folded
 
 
 def test_the_docs_show_the_declared_tables() -> None:
-    from fsm_agent._trace_schema import (
-        FOLD_FIELDS,
-        HEADER_FIELDS,
-        STEP_FIELDS,
-        diagnostics_table,
-        field_table,
-    )
+    from .trace_tables import DOC, synced
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "diagrams.md").read_text()
-    for table in (field_table(STEP_FIELDS), field_table(FOLD_FIELDS), field_table(HEADER_FIELDS),
-                  diagnostics_table()):
-        assert table in doc, f"docs/diagrams.md lacks (regenerate it from the schema):\n{table}"
+    doc = DOC.read_text()
+    assert synced(doc) == doc, "docs/diagrams.md's trace tables are stale: run " \
+        "python tests/tools/trace_tables.py"
+
+
+def test_the_table_command_rewrites_a_stale_table_and_only_it() -> None:
+    from fsm_agent._trace_schema import STEP_FIELDS, field_table
+
+    from .trace_tables import DOC, synced
+
+    doc = DOC.read_text()
+    stale = doc.replace("| `rule` |", "| `old_rule` |", 1)
+    stale = stale.replace("<!-- trace-schema: step -->\n", "<!-- trace-schema: step -->\n"
+                          "| `dropped` | a row the schema no longer has |\n", 1)
+    assert stale != doc and synced(stale) == doc
+    assert field_table(STEP_FIELDS) in synced(stale)
+    with pytest.raises(ValueError, match="trace-schema: fold"):
+        synced(doc.replace("<!-- trace-schema: fold -->\n", ""))
 
 
 def test_the_run_summary_folds_as_the_trace_does(tmp_path: Path) -> None:
@@ -275,6 +286,70 @@ def test_the_run_summary_folds_as_the_trace_does(tmp_path: Path) -> None:
         ("start", False, 0), ("healthy", True, 0), ("healthy", True, 1)], shown
     assert [(r["seq"], r["trigger"], r.get("count"), r["group_rank"])
             for r in recorder.records()] == shown
+
+
+def test_a_step_record_keeps_its_bytes() -> None:
+    # The format is stable: the record of a step with every field set, byte for byte.
+    from fsm_agent import ActionRecord, Step
+    from fsm_agent._trace import _dumps, step_record
+
+    step = Step(trigger="failed", source="HEALTHY", wall_time=1.5, monotonic_time=2.25,
+                role="trainer", dest="BACKOFF", guards=[("has_restarts_left", 1)],
+                actions=[ActionRecord("stop_workers", "action", 0.5, "ok")],
+                remaining_restarts=2, restart_count=1, observed="FAILED",
+                failures={3: {"exitcode": 1, "message": "m", "error_file_data": {"message": "m"}}},
+                error=None, rule="retry", timer=float("inf"))
+    assert _dumps(step_record(step, 4, {"node": "vm"})) == (
+        '{"kind": "step", "seq": 4, "wall_time": 1.5, "monotonic_time": 2.25, "role": "trainer", '
+        '"trigger": "failed", "source": "HEALTHY", "dest": "BACKOFF", "guards": [{"name": '
+        '"has_restarts_left", "value": true}], "actions": [{"name": "stop_workers", "kind": '
+        '"action", "duration_s": 0.5, "outcome": "ok", "error": null}], "remaining_restarts": '
+        '2, "restart_count": 1, "observed": "FAILED", "failures": {"3": {"exitcode": 1, '
+        '"error_file_data": {"message": "m"}}}, "error": null, "rule": "retry", "timer": '
+        '"inf", "node": "vm"}\n')
+
+
+def test_a_new_field_needs_only_its_schema_row(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # A field the engine sets on its Step is written, kept by the run summary's recorder,
+    # folded by, and refused when missing (if required), from its Field row alone.
+    import attrs
+
+    from fsm_agent import Step, _trace, _trace_reader
+    from fsm_agent._summary import RunRecorder
+    from fsm_agent._trace_schema import STEP_FIELDS, Field
+
+    @attrs.define(slots=True)
+    class LaterStep(Step):
+        attempt: str = "a"
+
+    fields = (*STEP_FIELDS[:-1], Field("attempt", (str,), "the attempt", required=True,
+                                       convert=str.upper), STEP_FIELDS[-1])
+    monkeypatch.setattr(_trace, "STEP_FIELDS", fields)
+    monkeypatch.setattr(_trace, "_record", _trace._compile_record()[0])
+    monkeypatch.setattr(_trace_reader, "_STEP_FIELDS",
+                        {f.name: f.types for f in fields if f.required})
+
+    def tick(attempt: str) -> LaterStep:
+        return LaterStep(trigger="healthy", source="HEALTHY", wall_time=1.0, monotonic_time=1.0,
+                         role="default", dest="HEALTHY", attempt=attempt)
+
+    path = tmp_path / "t.jsonl"
+    recorder = RunRecorder()
+    with JsonlTraceWriter(path, node="vm") as writer:
+        for attempt in ("a", "a", "b"):
+            writer(tick(attempt))
+            recorder(tick(attempt))
+    (trace,) = read_trace(path)
+    assert [(r.data["attempt"], r.data.get("count")) for r in trace.records] == [("A", 2),
+                                                                                ("B", 1)]
+    keys = list(trace.records[1].data)
+    assert keys[keys.index("timer"):][:3] == ["timer", "attempt", "node"]  # the schema's place
+    assert [(r["attempt"], r.get("count")) for r in recorder.records()] == [("A", 2), ("B", 1)]
+    record = dict(trace.records[1].data)
+    del record["attempt"]
+    with pytest.raises(TraceError, match="no 'attempt' field"):
+        read_trace(write_lines(tmp_path / "old.jsonl", [trace.header, record]))
 
 
 def test_an_undeclared_diagnostics_record_is_refused() -> None:
