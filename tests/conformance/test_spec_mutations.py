@@ -26,7 +26,10 @@ pytestmark = pytest.mark.timeout(300)
 AGENTS = {"torchrun": SimpleElasticAgent, "torchelastic": SeedAgent}
 
 
+# A bound for a hung run, not a speed check: about 45 s on a quiet machine, and more than 300 s
+# (its TLC runs included) with the machine loaded twice over.
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("preset", sorted(AGENTS))
 def test_every_loadable_single_line_mutant_fails_the_differential_check(
         preset: str, tmp_path: Path) -> None:
