@@ -23,6 +23,7 @@ __all__ = [
     "ParamSpec",
     "Ref",
     "bind_params",
+    "check_seconds",
     "check_settings",
     "coerce",
     "format_param",
@@ -68,6 +69,19 @@ def parse_duration(value: Any) -> float:
     if math.isnan(seconds) or seconds < 0:
         raise BadValue(f"a duration cannot be negative, got {value!r}")
     return seconds
+
+
+def check_seconds(value: object, *, allow_zero: bool = False) -> float:
+    """``value`` as a finite number of seconds, more than 0 (or at least 0 if ``allow_zero``);
+    raises BadValue saying what is wrong (``must be > 0 seconds, got -1``), for a flag's name to
+    go in front of."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise BadValue(f"must be a number of seconds, got {value!r}") from None
+    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+        raise BadValue(f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {number:g}")
+    return number
 
 
 def coerce(type_name: str, value: Any) -> Any:

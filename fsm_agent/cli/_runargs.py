@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.machinery
-import math
 import os
 import shutil
 import sys
@@ -55,14 +54,25 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse
     return args
 
 
-def _seconds(flag: str, value: object, *, allow_zero: bool = False) -> None:
+def _seconds(flag: str, value: object) -> None:
+    from .._params import BadValue, check_seconds
+
     try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ArgError(f"{flag} must be a number of seconds, got {value!r}") from None
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ArgError(f"{flag} must be {bound} seconds, got {number:g}")
+        check_seconds(value)
+    except BadValue as e:
+        raise ArgError(f"{flag} {e}") from None
+
+
+def _option_flags(args: argparse.Namespace) -> None:
+    """The values of the flags ``AgentOptions`` declares, each by its field's ``check``."""
+    from ..torch._options import AgentOptions
+
+    for name, flag in AgentOptions.flags().items():
+        if flag.check is not None and hasattr(args, name):
+            try:
+                flag.check(getattr(args, name))
+            except ValueError as e:
+                raise ArgError(f"{flag.names[0]} {e}") from None
 
 
 def _nnodes(value: str) -> None:
@@ -174,8 +184,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.max_restarts < 0:
         raise ArgError(f"--max-restarts must be >= 0, got {args.max_restarts}")
     _seconds("--monitor-interval", args.monitor_interval)
-    # 0 as torch takes it: the exit barrier waits for nobody.
-    _seconds("--exit-barrier-timeout", args.exit_barrier_timeout, allow_zero=True)
+    _option_flags(args)
     if args.shutdown_timeout is not None:
         _seconds("--shutdown-timeout", args.shutdown_timeout)
     else:

@@ -1,9 +1,10 @@
 """``fsm-agent run``: torchrun, with the agent's run loop driven by a lifecycle spec.
 
 Every torchrun flag and positional argument is accepted: the parser *is* torch's
-(``torch.distributed.run.get_args_parser``), with three options added, and the launch
-configuration comes from torch's ``config_from_args``. The launch itself is library code:
-:func:`fsm_agent.torch.launch` (``fsm_agent/torch/_launch.py``) does what torch's
+(``torch.distributed.run.get_args_parser``), with the ``fsm-agent`` group added (the spec and
+trace flags, and the agent's options from the flags ``AgentOptions`` declares on its fields),
+and the launch configuration comes from torch's ``config_from_args``. The launch itself is
+library code: :func:`fsm_agent.torch.launch` (``fsm_agent/torch/_launch.py``) does what torch's
 ``launch_agent`` does, with ``FSMElasticAgent`` in place of ``LocalElasticAgent``. Argument
 checks live beside this module, in ``_runargs.py``.
 """
@@ -79,24 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "retry, health checks, ...), each a parameter set with --spec-param "
         "(fsm-agent check --bounds resilient lists them with their values).",
     )
-    group.add_argument(
-        "--exit-barrier-timeout",
-        "--exit_barrier_timeout",
-        dest="exit_barrier_timeout",
-        type=float,
-        default=300.0,
-        metavar="SECONDS",
-        help="How long an agent whose workers finished waits for the other agents (default 300).",
-    )
-    group.add_argument(
-        "--shared-worker-store",
-        dest="isolate_worker_store",
-        action="store_false",
-        help="Restarted workers use the agent's store, as torchrun's (with --rdzv-backend "
-        "static: the --master-port store on every attempt). Default: every restart gets a fresh "
-        "store, because the previous attempt's keys in it break gloo's connect (docs/runner.md); "
-        "the first attempt uses --master-port either way.",
-    )
+    _add_option_flags(group)
     group.add_argument(
         "--trace",
         dest="trace",
@@ -123,30 +107,37 @@ def build_parser() -> argparse.ArgumentParser:
         help="With --trace-max-size: rotated files kept (FILE.1 ... FILE.N; default 1). 0 caps "
         "FILE at SIZE: it starts again when full.",
     )
-    group.add_argument(
-        "--preload",
-        dest="preload",
-        type=_modules,
-        default=[],
-        metavar="MODULE[,MODULE...]",
-        help="Import these modules once, in a template process that forks the Python script "
-        "workers (at the first start and at every restart), instead of each worker importing "
-        "them: a restarted worker reaches its first line after 'import torch' in a fraction of "
-        "the time. Each worker still gets what torchrun gives it (environment, arguments, "
-        "output files, session, signals, exit code). A module that cannot be preloaded is one "
-        "line at start, then the workers start cold. Off by default.",
-    )
     finish_parser(parser, EXAMPLES)
     return parser
 
 
-def _modules(text: str) -> list[str]:
-    from ..torch._preload import check_module_names
+def _add_option_flags(group: Any) -> None:
+    """An argument for every ``AgentOptions`` field that declares a flag (the field's
+    ``Flag``, ``fsm_agent/torch/_options.py``): its value goes, by the field's name, into the
+    options the agent gets (:func:`_agent_options`), checked first by ``_runargs``."""
+    for name, flag in AgentOptions.flags().items():
+        default = AgentOptions.default(name)
+        if flag.parse is None:
+            group.add_argument(*flag.names, dest=name, default=default, help=flag.help,
+                               action="store_false" if default else "store_true")
+        else:
+            group.add_argument(*flag.names, dest=name, default=default, metavar=flag.metavar,
+                               type=_argparse_type(flag.parse), help=flag.help)
 
-    try:
-        return check_module_names(text.split(","))
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse ``type``: its ``ValueError`` is argparse's one line saying what
+    is wrong; a type's (``float``, ``int``) stays argparse's own ``invalid float value: 'x'``."""
+    if isinstance(parse, type):
+        return parse
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return convert
 
 
 def _size(text: str) -> int:
@@ -255,16 +246,33 @@ def own_flags_table() -> str:
     return "\n".join(rows)
 
 
+def write_flags_table(path: str = "docs/cli.md") -> bool:
+    """Replace the flag table in ``path`` (the lines from its ``| flag | ...`` header to the
+    first that is not a table row) with :func:`own_flags_table`; ``True`` if that changed it.
+    ``python -c 'from fsm_agent.cli.run import write_flags_table; write_flags_table()'``."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    start = lines.index("| flag | what it does |")
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    text = "\n".join([*lines[:start], own_flags_table(), *lines[end:]])
+    changed = text != "\n".join(lines)
+    if changed:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    return changed
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # a table cell's pipe, even inside backticks
 
 
 def _agent_options(args: argparse.Namespace, spec: Any, params: dict[str, Any] | None,
                    listeners: Sequence[Any]) -> AgentOptions:
-    """The agent's options from the run's flags (the one place a new flag's value is read)."""
+    """The agent's options from the run's flags: every declared flag by its field's name, and
+    the options no flag sets as such (the loaded spec, its checked parameters, the listeners)."""
+    flagged = {name: getattr(args, name) for name in AgentOptions.flags()}
     return AgentOptions(lifecycle_spec=spec, lifecycle_params=params, listeners=listeners,
-                        exit_barrier_timeout=args.exit_barrier_timeout,
-                        isolate_worker_store=args.isolate_worker_store, preload=args.preload)
+                        **flagged)
 
 
 def _failure_exit_code(ref: _AgentRef) -> int:

@@ -102,4 +102,33 @@ def test_the_run_flag_table_in_docs_cli_is_the_parsers() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     table = own_flags_table()
     assert table.count("\n| `--") >= 9
-    assert table in doc, "regenerate docs/cli.md's table: fsm_agent.cli.run.own_flags_table()"
+    assert table in doc, ("regenerate docs/cli.md's table: python -c 'from fsm_agent.cli.run "
+                          "import write_flags_table; write_flags_table()'")
+
+
+def test_every_flag_an_agent_option_declares_is_in_run_help_and_docs_cli() -> None:
+    """A flag declared on an ``AgentOptions`` field is the whole of a new option's flag: it is
+    in ``run --help`` under every name with its help text, has its row in docs/cli.md's table,
+    and its value reaches the options the agent gets under the field's name."""
+    from fsm_agent.cli.run import _agent_options, build_parser
+    from fsm_agent.torch import AgentOptions
+
+    flags = AgentOptions.flags()
+    assert {"exit_barrier_timeout", "isolate_worker_store", "preload"} <= set(flags), flags
+    help_text = _run_help()
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    parser = build_parser()
+    for name, flag in flags.items():
+        shown = flag.names[0] + (f" {flag.metavar}" if flag.metavar else "")
+        said = " ".join(flag.help.split())
+        assert said in _flag_help(help_text, shown), (name, shown)
+        for alias in flag.names[1:]:
+            assert f"{shown}, {alias}" in help_text, (name, alias)
+        assert f"| `{shown.replace('|', chr(92) + '|')}` | {said} |" in doc, (name, shown)
+        default = AgentOptions.default(name)
+        if flag.parse is None:  # a switch: given, the option is the opposite of its default
+            args = parser.parse_args([flag.names[-1], "train.py"])
+            assert getattr(_agent_options(args, "torchrun", None, ()), name) is not default
+        else:
+            args = parser.parse_args(["train.py"])
+            assert getattr(_agent_options(args, "torchrun", None, ()), name) == default, name
