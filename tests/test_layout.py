@@ -77,6 +77,13 @@ def test_the_engine_stays_small() -> None:
     assert lines < 400, f"fsm_agent/_engine.py has {lines} lines; the design keeps it under 400"
 
 
+def test_no_module_is_over_800_lines() -> None:
+    # A module that long does several jobs: split it along its sections (docs/modules.md).
+    long = {str(p.relative_to(PKG.parent)): n for p in sorted(PKG.rglob("*.py"))
+            if (n := p.read_text().count("\n")) > 800}
+    assert not long, long
+
+
 # -- the layers of docs/modules.md -----------------------------------------------------------
 
 MAP = PKG.parent / "docs" / "modules.md"
