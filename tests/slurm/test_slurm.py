@@ -184,25 +184,27 @@ def test_requeue_under_proctrack_pgid_signals_the_agent_alone(
 @pytest.mark.timeout(120)
 def test_the_time_limit_warning_drains_and_the_script_requeues_the_job(
         slurm: SlurmCluster, tmp_path: Path) -> None:
-    """``--time=1 --signal=USR1@58``: Slurm sends SIGUSR1 to every process of the step 58 s
+    """``--time=2 --signal=USR1@118``: Slurm sends SIGUSR1 to every process of the step 118 s
     before the limit, at its next look at time limits (slurmctld looks every 30 s, so 2 to
-    ~32 s after the start: the warning may come up to that much earlier than asked). The agent
+    ~32 s after the start: the warning may come up to that much earlier than asked). A limit of
+    two minutes leaves it three looks before the job is cancelled, not one or two: on a loaded
+    machine one minute ran out before the drain was written. The agent
     (drain_on=SIGUSR1,SIGTERM, as in the guide's script) drains with it and exits 138, which
     Slurm alone would record as FAILED (ExitCode 138:0): the batch script requeues the job."""
     job = slurm.sbatch(batch_script(tmp_path, "drain_signal=SIGUSR1"),
-                       "--requeue", "--time=1", "--signal=USR1@58")
+                       "--requeue", "--time=2", "--signal=USR1@118")
     started = read_json(wait_file(tmp_path / "start_r0.json", 30, slurm, job))
     drained = read_json(wait_file(tmp_path / "drained_r0.json", 80, slurm, job))
     state = slurm.wait_state(job, TERMINAL | {"PENDING"}, 30)
     why = show("time-limit", state, slurm, job, tmp_path)
-    assert drained["time"] < started["time"] + 60 - 5, "the drain must come before the limit"
+    assert drained["time"] < started["time"] + 120 - 5, "the drain must come before the limit"
     assert drained["signal"] == signal.SIGUSR1, why
     assert (tmp_path / "checkpointed_r0.json").exists(), why
     assert f"srun exited {PREEMPTED_USR1}" in text(tmp_path / "batch.log"), why
     assert (f"fsm-agent run: preempted (received SIGUSR1); workers drained "
             f"(exit {PREEMPTED_USR1})") in text(tmp_path / "agent.log"), why
     # Each run of the requeued job gets its own warning soon after it starts (the limit is
-    # still 1 min), so on a loaded machine the job may have gone round more than once by the
+    # still 2 min), so on a loaded machine the job may have gone round more than once by the
     # time we look: requeued at least once is the script's doing.
     assert state["JobState"] == "PENDING" and int(state["Restarts"]) >= 1, why
 
