@@ -4,7 +4,7 @@ of one key, name, string or value on its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._errors import Problem, SpecError
@@ -152,19 +152,18 @@ class _ShapeBase:
             return None
 
     def _check_actions(self, names: Sequence[str], where: tuple[Any, ...]) -> None:
-        for i, name in enumerate(names):
-            if name not in self.actions:
-                self.unknown_names += 1
-                self.problem((*where, i),
-                             f"unknown action {name!r} (known: {', '.join(sorted(self.actions))}"
-                             f"{_OWN_NAMES})")
+        self._check_known("action", names, self.actions, where)
 
     def _check_guards(self, names: Sequence[str], where: tuple[Any, ...]) -> None:
-        for i, g in enumerate(names):
-            if g not in self.guards:
+        self._check_known("guard", names, self.guards, where)
+
+    def _check_known(self, what: str, names: Sequence[str], known: Collection[str],
+                     where: tuple[Any, ...]) -> None:
+        for i, name in enumerate(names):
+            if name not in known:
                 self.unknown_names += 1
                 self.problem((*where, i),
-                             f"unknown guard {g!r} (known: {', '.join(sorted(self.guards))}"
+                             f"unknown {what} {name!r} (known: {', '.join(sorted(known))}"
                              f"{_OWN_NAMES})")
 
     def _state_ref(self, name: Any, where: tuple[Any, ...]) -> str | None:
