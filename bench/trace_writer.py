@@ -48,9 +48,12 @@ def _paired_medians_us(fns: Mapping[str, Callable[[], None]], n: int, rounds: in
 
 def _failure_json_of_this_checkout() -> Callable[[Any], Any]:
     try:
-        from fsm_agent._trace_schema import _failure_json
-    except ImportError:  # a checkout from before the record was derived
-        from fsm_agent._trace import _failure_json  # type: ignore[attr-defined,no-redef]
+        from fsm_agent._step import _failure_json
+    except ImportError:  # a checkout from before the record's rows moved beside Step
+        try:
+            from fsm_agent._trace_schema import _failure_json  # type: ignore[attr-defined,no-redef]
+        except ImportError:  # a checkout from before the record was derived
+            from fsm_agent._trace import _failure_json  # type: ignore[attr-defined,no-redef]
     return _failure_json
 
 

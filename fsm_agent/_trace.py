@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Any
 
 from ._files import open_regular
+from ._step import Step, _jsonable
 from ._trace_reader import MAX_LINE_BYTES, Trace, TraceRecord, read_trace
 from ._trace_schema import (
     _RESERVED,
@@ -49,14 +50,12 @@ from ._trace_schema import (
     TRACE_FORMAT,
     TRACE_VERSION,
     TraceError,
-    _jsonable,
     fold_key,
 )
 from ._units import parse_size
 
 if TYPE_CHECKING:
     from ._spec import Spec
-    from ._step import Step
 
 __all__ = [
     "TRACE_FORMAT",

@@ -5,18 +5,17 @@ The writer (``fsm_agent._trace.step_record``, compiled from ``STEP_FIELDS``), th
 recorder of the run summary (``fsm_agent._summary.RunRecorder``, through ``step_record``), the
 fold rule, the reader's checks (``fsm_agent._trace_reader``) and the tables in docs/diagrams.md
 (``python tests/tools/trace_tables.py`` writes them; ``tests/tools/test_trace.py`` fails while
-they differ) are derived from these tables. A field the engine sets on its ``Step`` needs only
-its row here beside the attribute (CONTRIBUTING.md, "A field on trace records").
+they differ) are derived from these tables. The rows of the fields the engine sets on its
+``Step`` are declared beside the attributes, as ``fsm_agent._step.STEP_RECORD``; a new one needs
+only its row there (CONTRIBUTING.md, "A field on trace records").
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-import attrs
+from ._step import _NUMBER, STEP_RECORD, Field
 
 __all__ = [
     "DIAGNOSTICS",
@@ -35,110 +34,10 @@ TRACE_FORMAT = "fsm-agent-trace"
 #: Raised when an older reader would misread the new records; a new optional field needs none.
 TRACE_VERSION = 1
 
-_NONE = type(None)
-_NUMBER = (int, float)
-
-
-def _jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy of ``value``: torch's ``ProcessFailure`` is a dataclass, for one."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if depth > 6:
-        return repr(value)
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_jsonable(v, depth + 1) for v in value]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name), depth + 1)
-                for f in dataclasses.fields(value)}
-    if attrs.has(type(value)):
-        return {f.name: _jsonable(getattr(value, f.name), depth + 1)
-                for f in attrs.fields(type(value))}
-    name = getattr(value, "name", None)
-    if isinstance(name, str) and type(value).__module__ != "builtins":
-        return name  # enum members such as WorkerState
-    return repr(value)
-
-
-def _failure_json(failure: Any) -> Any:
-    """One failure as JSON data; a message that is its error file's is written once."""
-    data = _jsonable(failure)
-    if isinstance(data, dict) and "message" in data:
-        from_file = data.get("error_file_data")
-        # torch's ProcessFailure sets message = error_file_data["message"]: a worker's 20 MB
-        # error message made a 40 MB record.
-        if isinstance(from_file, dict) and from_file.get("message") == data["message"]:
-            del data["message"]
-    return data
-
-
-# How the Step's lists and mappings become JSON (``Field.convert``).
-def _guards_json(guards: Iterable[tuple[str, bool]]) -> list[dict[str, Any]]:
-    return [{"name": name, "value": bool(value)} for name, value in guards]
-
-
-def _actions_json(actions: Iterable[Any]) -> list[dict[str, Any]]:
-    return [{"name": a.name, "kind": a.kind, "duration_s": a.duration, "outcome": a.outcome,
-             "error": a.error} for a in actions]
-
-
-def _failures_json(failures: Mapping[Any, Any]) -> dict[str, Any]:
-    return {str(rank): _failure_json(f) for rank, f in dict(failures).items()}
-
-
-@attrs.frozen
-class Field:
-    """One field of a trace record: its name, the JSON types it may hold, what it means, and
-    whether a reader refuses a record without it (``required``). ``owned``: the writer sets it,
-    so a writer's static or dynamic fields may not be named so (``diagnostics`` is the torch
-    agent's, passed as a dynamic field).
-
-    A step record's field is the engine ``Step``'s attribute of the same name
-    (``fsm_agent._trace.step_record`` writes ``getattr(step, name)``), passed through
-    ``convert`` when the attribute is not JSON as it is; ``from_step=False`` for one the writer
-    sets itself (``kind``, ``seq``) or the torch agent adds (``diagnostics``)."""
-
-    name: str
-    types: tuple[type, ...]
-    meaning: str
-    required: bool = False
-    owned: bool = True
-    from_step: bool = True
-    convert: Callable[[Any], Any] | None = None
-
-
 STEP_FIELDS: tuple[Field, ...] = (
     Field("kind", (str,), "`step`", from_step=False),
     Field("seq", (int,), "1, 2, ... within one lifecycle", from_step=False),
-    Field("wall_time", _NUMBER, "`time.time()` when the transition began"),
-    Field("monotonic_time", _NUMBER, "`time.monotonic()` when the transition began"),
-    Field("role", (str,), "the worker group's role, from the engine"),
-    Field("trigger", (str,), "the trigger that fired", required=True),
-    Field("source", (str,), "the state the transition left", required=True),
-    Field("dest", (str, _NONE), "the state it entered (`UNKNOWN` when an action raised)",
-          required=True),
-    Field("guards", (list,), "each guard the engine evaluated, in order, with its value "
-          "(`{\"name\", \"value\"}`; each is evaluated at most once per step)", required=True,
-          convert=_guards_json),
-    Field("actions", (list,), "each action run: `name`, `kind` (`action`, `exit`, `enter` or "
-          "`after`; `guard` for a guard that raised), `duration_s`, `outcome` (`ok` or "
-          "`raised`), `error`", required=True, convert=_actions_json),
-    Field("remaining_restarts", (int,), "restarts left in the default budget, after the "
-          "transition", required=True),
-    Field("restart_count", (int,), "restarts made so far, every budget's, after the transition",
-          required=True),
-    Field("observed", (str, _NONE), "the state of the monitor result that fired it, or null"),
-    Field("failures", (dict,), "that result's failures by global rank (a failure's `message` "
-          "that is its error file's is written once, as `error_file_data.message`)",
-          convert=_failures_json),
-    Field("error", (str, _NONE), "what ended the lifecycle, if something raised"),
-    Field("rule", (str, _NONE), "the failure-policy rule whose transition was taken (`retry`, "
-          "`no_retry`), null for a plain transition"),
-    Field("timer", (*_NUMBER, _NONE), "seconds of the timer set on entering `dest`: its fixed "
-          "timeout, or the backoff drawn for a backoff state; null when `dest` has none"),
+    *STEP_RECORD,
     Field("diagnostics", (dict,), "what the torch agent saw on this step, by key (the table "
           "below); absent when nothing", owned=False, from_step=False),
 )

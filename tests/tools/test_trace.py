@@ -237,6 +237,22 @@ def test_the_writer_writes_exactly_the_declared_fields(tmp_path: Path) -> None:
     assert any("count" in s for s in steps)  # the healthy ticks folded
 
 
+def test_every_step_attribute_has_one_record_row_beside_it() -> None:
+    # A Step attribute without its row would be silently left out of every trace; a row without
+    # its attribute would break the writer. Both are declared in fsm_agent/_step.py.
+    import attrs
+
+    from fsm_agent import Step
+    from fsm_agent._step import STEP_RECORD
+    from fsm_agent._trace_schema import STEP_FIELDS
+
+    rows = [f.name for f in STEP_RECORD]
+    assert sorted(rows) == sorted(a.name for a in attrs.fields(Step))
+    assert len(set(rows)) == len(rows) and all(f.from_step for f in STEP_RECORD)
+    # what the writer sets itself, then the Step's rows in their order, then the agent's
+    assert [f.name for f in STEP_FIELDS if f.from_step] == rows
+
+
 def test_the_docs_show_the_declared_tables() -> None:
     from .trace_tables import DOC, synced
 
