@@ -2,7 +2,7 @@
 
 A kind's declaration (its arguments, their types, defaults and choices, and its description) is
 the one place it is described: the tables are generated from it, between marker comments
-(``<!-- generated: NAME ... -->`` and ``<!-- end: NAME -->``). ``tools/kind_tables.py``
+(``<!-- generated: NAME ... -->`` and ``<!-- end: NAME -->``). ``python tools/generated_docs.py``
 rewrites them; ``tests/test_kinds.py`` fails while they are stale.
 """
 

@@ -4,10 +4,11 @@ record with its JSON types and meaning, the ``diagnostics`` records, and the fol
 The writer (``fsm_agent._trace.step_record``, compiled from ``STEP_FIELDS``), the in-memory
 recorder of the run summary (``fsm_agent._summary.RunRecorder``, through ``step_record``), the
 fold rule, the reader's checks (``fsm_agent._trace_reader``) and the tables in docs/diagrams.md
-(``python tests/tools/trace_tables.py`` writes them; ``tests/tools/test_trace.py`` fails while
-they differ) are derived from these tables. The rows of the fields the engine sets on its
-``Step`` are declared beside the attributes, as ``fsm_agent._step.STEP_RECORD``; a new one needs
-only its row there (CONTRIBUTING.md, "A field on trace records").
+(``with_trace_tables``; ``python tools/generated_docs.py`` writes them, and
+``tests/tools/test_trace.py`` fails while they differ) are derived from these tables. The rows
+of the fields the engine sets on its ``Step`` are declared beside the attributes, as
+``fsm_agent._step.STEP_RECORD``; a new one needs only its row there (CONTRIBUTING.md, "A field
+on trace records").
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ __all__ = [
     "FOLD_FIELDS",
     "HEADER_FIELDS",
     "STEP_FIELDS",
+    "TABLE_MARK",
     "TRACE_FORMAT",
     "TRACE_VERSION",
     "Field",
     "TraceError",
     "field_table",
     "fold_key",
+    "trace_tables",
+    "with_trace_tables",
 ]
 
 TRACE_FORMAT = "fsm-agent-trace"
@@ -104,6 +108,33 @@ def diagnostics_table() -> str:
     """The Markdown table of the ``diagnostics`` records that docs/diagrams.md shows."""
     rows = [f"| `{k}` | {v} |" for k, v in DIAGNOSTICS.items()]
     return "\n".join(["| key | what it holds |", "|---|---|", *rows])
+
+
+#: The line after which docs/diagrams.md shows each table of ``trace_tables()``.
+TABLE_MARK = "<!-- trace-schema: {} -->"
+
+
+def trace_tables() -> dict[str, str]:
+    """docs/diagrams.md's tables of the format, by the name in their ``TABLE_MARK`` line."""
+    return {"step": field_table(STEP_FIELDS), "fold": field_table(FOLD_FIELDS),
+            "diagnostics": diagnostics_table(), "header": field_table(HEADER_FIELDS)}
+
+
+def with_trace_tables(text: str) -> str:
+    """``text`` (docs/diagrams.md) with the table after each ``TABLE_MARK`` line (up to the
+    first line that is not a table row) replaced by the schema's; a marker missing from
+    ``text`` is a ``ValueError`` (a table the page has lost)."""
+    lines = text.split("\n")
+    for name, table in trace_tables().items():
+        mark = TABLE_MARK.format(name)
+        if mark not in lines:
+            raise ValueError(f"no {mark!r} line before the {name} table")
+        start = lines.index(mark) + 1
+        end = start
+        while end < len(lines) and lines[end].startswith("|"):
+            end += 1
+        lines[start:end] = table.split("\n")
+    return "\n".join(lines)
 
 
 # What the reader and the writer derive from the tables above.

@@ -115,7 +115,7 @@ def test_every_module_s_guard_kinds_are_built_in() -> None:
 def test_the_docs_tables_of_kinds_are_generated_from_the_kinds() -> None:
     text = DOC.read_text()
     assert with_tables(text) == text, (
-        "docs/spec-format.md's tables of kinds are stale: run python tools/kind_tables.py")
+        "docs/spec-format.md's tables of kinds are stale: run python tools/generated_docs.py")
     tables = spec_format_tables()
     assert all(f"| `{name}` |" in tables["guard-kinds"] for name in BUILTIN.guard_kinds)
     assert all(kind.description for kind in (*BUILTIN.guard_kinds.values(),

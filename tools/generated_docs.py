@@ -3,13 +3,15 @@
     python tools/generated_docs.py           # rewrite what is stale
     python tools/generated_docs.py --check   # exit 1 if any table is stale (the tests fail too)
 
-Each table has its own generator, run here in turn:
+Each page's tables come from one function of the package, ``text -> text``, that replaces its
+marked tables and leaves the page's own prose as it is:
 
-- docs/spec-format.md's guard and action kinds, from each ``Kind`` (``tools/kind_tables.py``);
-- docs/diagrams.md's trace record fields, from ``fsm_agent/_trace_schema.py``
-  (``tests/tools/trace_tables.py``);
+- docs/spec-format.md's guard and action kinds, from each ``Kind``
+  (``fsm_agent._kind_table.with_tables``);
+- docs/diagrams.md's trace record fields, from ``fsm_agent/_trace_schema.py`` and
+  ``fsm_agent/_step.py`` (``fsm_agent._trace_schema.with_trace_tables``);
 - docs/cli.md's ``fsm-agent run`` flags, from the parser and ``AgentOptions``
-  (``fsm_agent.cli.run.write_flags_table``).
+  (``fsm_agent.cli.run.with_flags_table``).
 
 The diagrams are made by ``fsm-agent diagram --all -o diagrams`` (CONTRIBUTING.md).
 """
@@ -17,35 +19,48 @@ The diagrams are made by ``fsm-agent diagram --all -o diagrams`` (CONTRIBUTING.m
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_FLAGS = ("import sys; from fsm_agent.cli.run import own_flags_table, write_flags_table\n"
-          "check = sys.argv[1:] == ['--check']\n"
-          "text = open('docs/cli.md', encoding='utf-8').read()\n"
-          "stale = own_flags_table() not in text\n"
-          "if check and stale: print('docs/cli.md: the flag table is stale', file=sys.stderr)\n"
-          "elif stale: write_flags_table(); print('rewrote the flag table in docs/cli.md')\n"
-          "sys.exit(1 if check and stale else 0)\n")
-GENERATORS = (
-    ("kinds", [sys.executable, "tools/kind_tables.py"]),
-    ("trace fields", [sys.executable, "tests/tools/trace_tables.py"]),
-    ("run flags", [sys.executable, "-c", _FLAGS]),
-)
+
+
+def generators() -> list[tuple[str, str, Callable[[str], str]]]:
+    """(what, page, how its tables are made) for every generated table of the docs."""
+    sys.path.insert(0, str(ROOT))  # this checkout's package, installed or not
+    from fsm_agent._kind_table import with_tables
+    from fsm_agent._trace_schema import with_trace_tables
+    from fsm_agent.cli.run import with_flags_table
+
+    return [("kinds", "docs/spec-format.md", with_tables),
+            ("trace fields", "docs/diagrams.md", with_trace_tables),
+            ("run flags", "docs/cli.md", with_flags_table)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if any table is stale")
+    parser.add_argument("--root", type=Path, default=ROOT,
+                        help="the checkout whose docs/ to read (default: this one)")
     args = parser.parse_args(argv)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-        str(ROOT), os.environ.get("PYTHONPATH", "")]))}
-    stale = [name for name, cmd in GENERATORS
-             if subprocess.run([*cmd, *(["--check"] if args.check else [])], cwd=ROOT,
-                               env=env, check=False).returncode != 0]
+    stale = []
+    for what, page, make in generators():
+        path = args.root / page
+        try:
+            text = path.read_text(encoding="utf-8")
+            fresh = make(text)
+        except (OSError, ValueError) as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            return 1
+        if fresh == text:
+            continue
+        if args.check:
+            stale.append(what)
+            print(f"{path}: the {what} table is stale", file=sys.stderr)
+        else:
+            path.write_text(fresh, encoding="utf-8")
+            print(f"{path}: rewrote the {what} table")
     if stale:
         print(f"stale: {', '.join(stale)}; run python tools/generated_docs.py", file=sys.stderr)
     return 1 if stale else 0

@@ -246,20 +246,28 @@ def own_flags_table() -> str:
     return "\n".join(rows)
 
 
-def write_flags_table(path: str = "docs/cli.md") -> bool:
-    """Replace the flag table in ``path`` (the lines from its ``| flag | ...`` header to the
-    first that is not a table row) with :func:`own_flags_table`; ``True`` if that changed it.
-    ``python -c 'from fsm_agent.cli.run import write_flags_table; write_flags_table()'``."""
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+def with_flags_table(text: str) -> str:
+    """``text`` (docs/cli.md) with its flag table (the lines from its ``| flag | ...`` header to
+    the first that is not a table row) replaced by :func:`own_flags_table`. Raises
+    ``ValueError`` if the page has no such table."""
+    lines = text.split("\n")
+    if "| flag | what it does |" not in lines:
+        raise ValueError("no flag table (a '| flag | what it does |' line)")
     start = lines.index("| flag | what it does |")
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    text = "\n".join([*lines[:start], own_flags_table(), *lines[end:]])
-    changed = text != "\n".join(lines)
-    if changed:
+    return "\n".join([*lines[:start], own_flags_table(), *lines[end:]])
+
+
+def write_flags_table(path: str = "docs/cli.md") -> bool:
+    """Rewrite the flag table in ``path`` (:func:`with_flags_table`); ``True`` if that changed
+    it. ``python tools/generated_docs.py`` does this with the docs' other generated tables."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    fresh = with_flags_table(text)
+    if fresh != text:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    return changed
+            f.write(fresh)
+    return fresh != text
 
 
 def _cell(text: str) -> str:

@@ -102,8 +102,7 @@ def test_the_run_flag_table_in_docs_cli_is_the_parsers() -> None:
     doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
     table = own_flags_table()
     assert table.count("\n| `--") >= 9
-    assert table in doc, ("regenerate docs/cli.md's table: python -c 'from fsm_agent.cli.run "
-                          "import write_flags_table; write_flags_table()'")
+    assert table in doc, "regenerate docs/cli.md's table: python tools/generated_docs.py"
 
 
 def test_every_flag_an_agent_option_declares_is_in_run_help_and_docs_cli() -> None:

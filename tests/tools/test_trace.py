@@ -19,6 +19,8 @@ from fsm_agent.testing import RecordingDriver
 
 from ._helpers import DATA, lines, run_traced, write_lines
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "diagrams.md"
+
 
 def test_one_record_per_transition_with_every_field(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
@@ -254,17 +256,16 @@ def test_every_step_attribute_has_one_record_row_beside_it() -> None:
 
 
 def test_the_docs_show_the_declared_tables() -> None:
-    from .trace_tables import DOC, synced
+    from fsm_agent._trace_schema import with_trace_tables
 
     doc = DOC.read_text()
-    assert synced(doc) == doc, "docs/diagrams.md's trace tables are stale: run " \
-        "python tests/tools/trace_tables.py"
+    assert with_trace_tables(doc) == doc, "docs/diagrams.md's trace tables are stale: run " \
+        "python tools/generated_docs.py"
 
 
 def test_the_table_command_rewrites_a_stale_table_and_only_it() -> None:
     from fsm_agent._trace_schema import STEP_FIELDS, field_table
-
-    from .trace_tables import DOC, synced
+    from fsm_agent._trace_schema import with_trace_tables as synced
 
     doc = DOC.read_text()
     stale = doc.replace("| `rule` |", "| `old_rule` |", 1)
