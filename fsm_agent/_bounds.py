@@ -37,12 +37,13 @@ import attrs
 from ._budgets import DEFAULT_BUDGET
 from ._clock import VirtualClock
 from ._engine import Lifecycle
-from ._params import bind_params, format_param, format_seconds
+from ._params import bind_params, format_param
 from ._policy import budget_limits, rule_budgets
 from ._spec import OBSERVATION_TRIGGERS, Spec
 from ._step import Step
+from ._units import format_duration, format_seconds
 
-__all__ = ["Bound", "Limits", "bounds", "bounds_json", "format_bounds", "format_duration"]
+__all__ = ["Bound", "Limits", "bounds", "bounds_json", "format_bounds"]
 
 #: A crash loop that has not given up after this long never will (for the report's purpose).
 HORIZON_S = 30 * 24 * 3600.0
@@ -237,20 +238,6 @@ def bounds(spec: Spec, params: Mapping[str, Any] | None = None,
     limits = limits or Limits()
     values = bind_params(spec.params, params, path=spec.path)
     return [_run(spec, values, limits, slow=False), _run(spec, values, limits, slow=True)]
-
-
-def format_duration(seconds: float | None) -> str:
-    """``7.3 s``, ``2 h 1 min``; ``never`` for None."""
-    if seconds is None or math.isinf(seconds):
-        return "never"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    minutes, sec = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    parts = [f"{days} d" if days else "", f"{hours} h" if hours else "",
-             f"{minutes} min" if minutes else "", f"{sec} s" if sec and not days else ""]
-    return " ".join(p for p in parts if p)
 
 
 def _param_text(spec: Spec, name: str, value: Any) -> str:

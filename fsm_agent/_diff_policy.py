@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import attrs
 
-from ._params import ParamSpec, Ref, format_param, format_seconds, format_value
+from ._params import ParamSpec, Ref, format_param, format_value
 from ._policy import CONSUME_DEFAULT
 from ._spec import InstanceSpec, NamedBudgetSpec, PolicySpec, RuleSpec, Spec, StateSpec, TimeoutSpec
+from ._units import format_seconds
 
 __all__ = ["Change", "other_changes", "policy_changes", "state_details", "state_text"]
 

@@ -16,10 +16,11 @@ from typing import Any
 import attrs
 
 from ._budgets import BUDGET_KINDS
-from ._params import ParamSpec, Ref, bind_params, format_param, format_seconds, format_value
+from ._params import ParamSpec, Ref, bind_params, format_param, format_value
 from ._policy import rule_guard
 from ._spec import PolicySpec, Spec, StateSpec, TimeoutSpec
 from ._spec import TransitionSpec as Transition
+from ._units import format_seconds
 
 __all__ = [
     "CHOICE",

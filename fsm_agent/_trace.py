@@ -421,7 +421,8 @@ def _params_in_force(spec: Spec | str | None, params: Mapping[str, Any] | None) 
 def param_text(type_name: str, value: Any) -> str:
     """A parameter's value in the spec's syntax, exactly: ``10m`` when the unit says it without
     losing anything, else plain seconds (``600.125``), so that replay reads back what ran."""
-    from ._params import BadValue, format_param, format_value, parse_text
+    from ._params import format_param, format_value, parse_text
+    from ._units import BadValue
 
     text = format_param(type_name, value)
     try:

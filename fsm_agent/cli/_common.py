@@ -125,7 +125,7 @@ def seconds_arg(positive: bool) -> Callable[[str], float]:
     """An argparse ``type``: a finite duration (``1.5``, ``500ms``, ``5s``, ``10m``), more
     than 0 if ``positive``."""
     def parse(text: str) -> float:
-        from .._params import BadValue, parse_duration
+        from .._units import BadValue, parse_duration
 
         try:
             value = parse_duration(text)
