@@ -37,7 +37,7 @@ import attrs
 from ._budgets import DEFAULT_BUDGET
 from ._clock import VirtualClock
 from ._engine import Lifecycle
-from ._params import bind_params, format_param
+from ._params import format_param
 from ._policy import budget_limits, rule_budgets
 from ._spec import OBSERVATION_TRIGGERS, Spec
 from ._step import Step
@@ -236,7 +236,7 @@ def bounds(spec: Spec, params: Mapping[str, Any] | None = None,
     one is a ``SpecError``.
     """
     limits = limits or Limits()
-    values = bind_params(spec.params, params, path=spec.path)
+    values = spec.bind(params)
     return [_run(spec, values, limits, slow=False), _run(spec, values, limits, slow=True)]
 
 
@@ -244,15 +244,11 @@ def _param_text(spec: Spec, name: str, value: Any) -> str:
     return '""' if value == "" else format_param(spec.param(name).type, value)
 
 
-def _values(spec: Spec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    return bind_params(spec.params, params, path=spec.path)
-
-
 def budget_rows(spec: Spec, limits: Limits, params: Mapping[str, Any] | None = None
                 ) -> list[dict[str, Any]]:
     """Every restart budget of ``spec``: the default one (``--max-restarts``) and each named
     one, with its maximum, window (seconds), scope and the rules that spend it."""
-    values = {**_values(spec, params), "max_restarts": limits.max_restarts,
+    values = {**spec.bind(params), "max_restarts": limits.max_restarts,
               "exit_barrier_timeout": limits.exit_barrier_timeout}
     window = float(spec.budget.window.resolve(values))
     restarting = {r.name for r in spec.policy.rules
@@ -290,7 +286,7 @@ def _budget_lines(spec: Spec, limits: Limits, params: Mapping[str, Any] | None) 
 def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
                   params: Mapping[str, Any] | None = None) -> str:
     """The table ``fsm-agent check --bounds`` prints."""
-    values = _values(spec, params)
+    values = spec.bind(params)
     head = [f"{spec.name}: a crash loop (every attempt fails as soon as it starts), "
             f"max_restarts={limits.max_restarts}",
             "  fastest: failures seen at once, every call instant, jitter at its low end",
@@ -332,7 +328,7 @@ def bounds_json(spec: Spec, results: list[Bound], limits: Limits,
     Parameters are given as the command line writes them (``"1s"``, ``"inf"``, ``"[3, 4]"``),
     because JSON has no infinity.
     """
-    values = _values(spec, params)
+    values = spec.bind(params)
     return {
         "name": spec.name,
         "path": spec.path,

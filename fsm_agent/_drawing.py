@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from ._budgets import BUDGET_KINDS
-from ._params import ParamSpec, Ref, bind_params, format_param, format_value
+from ._params import ParamSpec, Ref, format_param, format_value
 from ._policy import rule_guard
 from ._spec import PolicySpec, Spec, StateSpec, TimeoutSpec
 from ._spec import TransitionSpec as Transition
@@ -30,7 +30,6 @@ __all__ = [
     "edge_label",
     "legend",
     "state_lines",
-    "values_in_force",
 ]
 
 #: The id of the node that stands for the failure-policy table (a UML choice point).
@@ -121,12 +120,6 @@ def drawn_edges(spec: Spec) -> list[Edge]:
 
 # --------------------------------------------------------------------------------------------
 # Values
-
-
-def values_in_force(spec: Spec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The spec's parameters: its defaults, with ``params`` (values or spec-syntax text) bound
-    over them. Raises ``SpecError`` for an unknown name or a bad value."""
-    return bind_params(spec.params, params, path=spec.path)
 
 
 def value_text(value: Any, type_name: str) -> str:

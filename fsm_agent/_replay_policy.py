@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import SpecError
-from ._params import Ref, bind_params, format_value
+from ._params import Ref, format_value
 from ._spec import TIMEOUT_TRIGGER, BackoffSpec, Spec, TimeoutSpec
 from ._spec import TransitionSpec as Transition
 from ._trace import Trace, TraceRecord, param_text
@@ -130,8 +130,7 @@ class PolicyCheck:
             # with (replayed here against another); only the spec's own are bound.
             known = {p.name for p in spec.params}
             try:
-                self.values = bind_params(spec.params, {k: v for k, v in recorded.items()
-                                                         if k in known}, path=spec.path)
+                self.values = spec.bind({k: v for k, v in recorded.items() if k in known})
             except SpecError as e:
                 whose = "the trace header's" if params is None else "the given"
                 self.problem = (f"{whose} parameters do not fit spec {spec.name!r}: "
