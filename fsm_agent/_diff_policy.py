@@ -131,9 +131,7 @@ def _param_text(p: ParamSpec) -> str:
 
 
 def _bound(p: ParamSpec, value: float | None) -> str:
-    if value is None:
-        return "none"
-    return format_seconds(float(value)) if p.type == "duration" else format_value(value)
+    return "none" if value is None else format_param(p.type, value)
 
 
 def _param_changes(a: Spec, b: Spec) -> list[Change]:
