@@ -37,12 +37,13 @@ import attrs
 from ._budgets import DEFAULT_BUDGET
 from ._clock import VirtualClock
 from ._engine import Lifecycle
-from ._params import bind_params, format_param, format_seconds
+from ._params import format_param
 from ._policy import budget_limits, rule_budgets
 from ._spec import OBSERVATION_TRIGGERS, Spec
 from ._step import Step
+from ._units import format_duration, format_seconds
 
-__all__ = ["Bound", "Limits", "bounds", "bounds_json", "format_bounds", "format_duration"]
+__all__ = ["Bound", "Limits", "bounds", "bounds_json", "format_bounds"]
 
 #: A crash loop that has not given up after this long never will (for the report's purpose).
 HORIZON_S = 30 * 24 * 3600.0
@@ -235,37 +236,19 @@ def bounds(spec: Spec, params: Mapping[str, Any] | None = None,
     one is a ``SpecError``.
     """
     limits = limits or Limits()
-    values = bind_params(spec.params, params, path=spec.path)
+    values = spec.bind(params)
     return [_run(spec, values, limits, slow=False), _run(spec, values, limits, slow=True)]
-
-
-def format_duration(seconds: float | None) -> str:
-    """``7.3 s``, ``2 h 1 min``; ``never`` for None."""
-    if seconds is None or math.isinf(seconds):
-        return "never"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    minutes, sec = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    parts = [f"{days} d" if days else "", f"{hours} h" if hours else "",
-             f"{minutes} min" if minutes else "", f"{sec} s" if sec and not days else ""]
-    return " ".join(p for p in parts if p)
 
 
 def _param_text(spec: Spec, name: str, value: Any) -> str:
     return '""' if value == "" else format_param(spec.param(name).type, value)
 
 
-def _values(spec: Spec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    return bind_params(spec.params, params, path=spec.path)
-
-
 def budget_rows(spec: Spec, limits: Limits, params: Mapping[str, Any] | None = None
                 ) -> list[dict[str, Any]]:
     """Every restart budget of ``spec``: the default one (``--max-restarts``) and each named
     one, with its maximum, window (seconds), scope and the rules that spend it."""
-    values = {**_values(spec, params), "max_restarts": limits.max_restarts,
+    values = {**spec.bind(params), "max_restarts": limits.max_restarts,
               "exit_barrier_timeout": limits.exit_barrier_timeout}
     window = float(spec.budget.window.resolve(values))
     restarting = {r.name for r in spec.policy.rules
@@ -303,7 +286,7 @@ def _budget_lines(spec: Spec, limits: Limits, params: Mapping[str, Any] | None) 
 def format_bounds(spec: Spec, results: list[Bound], limits: Limits,
                   params: Mapping[str, Any] | None = None) -> str:
     """The table ``fsm-agent check --bounds`` prints."""
-    values = _values(spec, params)
+    values = spec.bind(params)
     head = [f"{spec.name}: a crash loop (every attempt fails as soon as it starts), "
             f"max_restarts={limits.max_restarts}",
             "  fastest: failures seen at once, every call instant, jitter at its low end",
@@ -345,7 +328,7 @@ def bounds_json(spec: Spec, results: list[Bound], limits: Limits,
     Parameters are given as the command line writes them (``"1s"``, ``"inf"``, ``"[3, 4]"``),
     because JSON has no infinity.
     """
-    values = _values(spec, params)
+    values = spec.bind(params)
     return {
         "name": spec.name,
         "path": spec.path,

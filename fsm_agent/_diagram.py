@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from ._drawing import CHOICE, Edge, drawn_edges, edge_label, legend, state_lines, values_in_force
+from ._drawing import CHOICE, Edge, drawn_edges, edge_label, legend, state_lines
 from ._spec import Spec, StateSpec
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def _values(spec: Spec, params: Mapping[str, Any] | None,
     """The parameter values to show, and the ones given (None: the defaults are shown)."""
     given = params if params is not None else (highlight.params if highlight is not None
                                                and highlight.params else None)
-    return values_in_force(spec, given), given
+    return spec.bind(given), given
 
 
 def _taken(highlight: Highlight | None, e: Edge) -> int:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import attrs
 
-from ._params import ParamSpec, Ref, format_param, format_seconds, format_value
+from ._params import ParamSpec, Ref, format_param, format_value
 from ._policy import CONSUME_DEFAULT
 from ._spec import InstanceSpec, NamedBudgetSpec, PolicySpec, RuleSpec, Spec, StateSpec, TimeoutSpec
+from ._units import format_seconds
 
 __all__ = ["Change", "other_changes", "policy_changes", "state_details", "state_text"]
 
@@ -130,9 +131,7 @@ def _param_text(p: ParamSpec) -> str:
 
 
 def _bound(p: ParamSpec, value: float | None) -> str:
-    if value is None:
-        return "none"
-    return format_seconds(float(value)) if p.type == "duration" else format_value(value)
+    return "none" if value is None else format_param(p.type, value)
 
 
 def _param_changes(a: Spec, b: Spec) -> list[Change]:

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from ._budgets import BUDGET_KINDS
-from ._params import ParamSpec, Ref, bind_params, format_param, format_seconds, format_value
+from ._params import ParamSpec, Ref, format_param, format_value
 from ._policy import rule_guard
 from ._spec import PolicySpec, Spec, StateSpec, TimeoutSpec
 from ._spec import TransitionSpec as Transition
@@ -29,7 +29,6 @@ __all__ = [
     "edge_label",
     "legend",
     "state_lines",
-    "values_in_force",
 ]
 
 #: The id of the node that stands for the failure-policy table (a UML choice point).
@@ -122,17 +121,6 @@ def drawn_edges(spec: Spec) -> list[Edge]:
 # Values
 
 
-def values_in_force(spec: Spec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The spec's parameters: its defaults, with ``params`` (values or spec-syntax text) bound
-    over them. Raises ``SpecError`` for an unknown name or a bad value."""
-    return bind_params(spec.params, params, path=spec.path)
-
-
-def value_text(value: Any, type_name: str) -> str:
-    """A parameter's value as the legend shows it (durations with a unit)."""
-    return format_param(type_name, value)
-
-
 def _types(spec: Spec) -> dict[str, str]:
     return {p.name: p.type for p in spec.params}
 
@@ -141,9 +129,9 @@ def ref_text(spec: Spec, ref: Ref, values: Mapping[str, Any], type_name: str = "
              ) -> str:
     """A spec value: a literal (``30s``), or a parameter with its value (``pause = 30s``)."""
     if ref.name is None:
-        return value_text(ref.value, type_name)
+        return format_param(type_name, ref.value)
     if ref.name in values:
-        return f"{ref.name} = {value_text(values[ref.name], _types(spec).get(ref.name, ''))}"
+        return f"{ref.name} = {format_param(_types(spec).get(ref.name, ''), values[ref.name])}"
     return ref.name  # max_restarts, exit_barrier_timeout: the agent's settings
 
 
@@ -201,16 +189,12 @@ class Legend:
 def _range_text(p: ParamSpec) -> str:
     if p.choices:
         return " | ".join(p.choices)
-
-    def show(v: float) -> str:
-        return format_seconds(float(v)) if p.type == "duration" else format_value(v)
-
     if p.min is not None and p.max is not None:
-        return f"{show(p.min)} to {show(p.max)}"
+        return f"{format_param(p.type, p.min)} to {format_param(p.type, p.max)}"
     if p.min is not None:
-        return f">= {show(p.min)}"
+        return f">= {format_param(p.type, p.min)}"
     if p.max is not None:
-        return f"<= {show(p.max)}"
+        return f"<= {format_param(p.type, p.max)}"
     return ""
 
 
@@ -243,9 +227,9 @@ def legend(spec: Spec, values: Mapping[str, Any], given: Mapping[str, Any] | Non
     head: tuple[str, ...] = ("parameter", "type", "default", "range")
     params: list[tuple[str, ...]] = []
     for p in spec.params:
-        row: tuple[str, ...] = (p.name, p.type, value_text(p.default, p.type), _range_text(p))
+        row: tuple[str, ...] = (p.name, p.type, format_param(p.type, p.default), _range_text(p))
         if given is not None:
-            row = (*row, value_text(values[p.name], p.type))
+            row = (*row, format_param(p.type, values[p.name]))
         params.append((*row, p.description))
     if given is not None:
         head = (*head, "in force")

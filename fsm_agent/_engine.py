@@ -20,7 +20,7 @@ from ._clock import Clock, SystemClock
 from ._compile import compile_spec, guard_value
 from ._errors import ActionError, LifecycleError, TriggerInterrupt
 from ._load import load_spec
-from ._params import bind_params, check_settings
+from ._params import check_settings
 from ._policy import budget_limits
 from ._progress import note_attempt_end
 from ._spec import (
@@ -93,7 +93,7 @@ class Lifecycle:
         check_settings(driver, role=role, max_restarts=max_restarts,
                        exit_barrier_timeout=exit_barrier_timeout)
         self.spec: Spec = load_spec(spec)
-        bound = bind_params(self.spec.params, params, path=self.spec.path)
+        bound = self.spec.bind(params)
         values = {**bound, "max_restarts": max_restarts,
                   "exit_barrier_timeout": float(exit_barrier_timeout)}
         self._compiled = compile_spec(self.spec, values)

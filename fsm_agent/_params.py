@@ -4,33 +4,30 @@ One syntax everywhere a value is written: in a spec (``default: 10m``), on the c
 (``--spec-param backoff_max=90s``) and in ``Lifecycle(..., params={...})``. Durations are seconds
 (``1.5``) or a number with a unit (``500ms``, ``5s``, ``10m``, ``2h``), ``inf`` meaning never;
 a count is an integer >= 0 or ``inf`` (unlimited: a budget that never runs out); lists of
-integers are YAML lists, or ``[3,4]``/``3,4`` on the command line.
+integers are YAML lists, or ``[3,4]``/``3,4`` on the command line. Durations are read and
+written by ``fsm_agent._units``.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
 
+from ._units import BadValue, format_seconds, kind_of, parse_duration
+
 __all__ = [
     "BUILTIN_VALUES",
     "PARAM_TYPES",
-    "BadValue",
     "ParamSpec",
     "Ref",
     "bind_params",
-    "check_seconds",
     "check_settings",
     "coerce",
     "format_param",
-    "format_seconds",
     "format_value",
-    "kind_of",
-    "parse_duration",
     "parse_text",
 ]
 
@@ -39,49 +36,6 @@ PARAM_TYPES: tuple[str, ...] = ("int", "count", "float", "duration", "int_list",
                                  "bool")
 #: Values every spec may refer to by name: the agent's own settings, not spec parameters.
 BUILTIN_VALUES: Mapping[str, str] = {"max_restarts": "int", "exit_barrier_timeout": "duration"}
-
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|min|h)?\s*$")
-
-
-class BadValue(ValueError):
-    """A value does not have the type (or range) it must have; ``str()`` says why."""
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from ``1.5``, ``"500ms"``, ``"5s"``, ``"10m"``, ``"2h"`` or ``"inf"``."""
-    if isinstance(value, bool):
-        raise BadValue(f"expected a duration, got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("inf", "infinity", "never"):
-            return math.inf
-        m = _DURATION.match(text)
-        if m is None:
-            raise BadValue(
-                f"expected a duration (seconds, or a number with ms, s, m or h), got {value!r}"
-            )
-        seconds = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    else:
-        raise BadValue(f"expected a duration, got {kind_of(value)}")
-    if math.isnan(seconds) or seconds < 0:
-        raise BadValue(f"a duration cannot be negative, got {value!r}")
-    return seconds
-
-
-def check_seconds(value: object, *, allow_zero: bool = False) -> float:
-    """``value`` as a finite number of seconds, more than 0 (or at least 0 if ``allow_zero``);
-    raises BadValue saying what is wrong (``must be > 0 seconds, got -1``), for a flag's name to
-    go in front of."""
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise BadValue(f"must be a number of seconds, got {value!r}") from None
-    if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
-        raise BadValue(f"must be {'>= 0' if allow_zero else '> 0'} seconds, got {number:g}")
-    return number
 
 
 def coerce(type_name: str, value: Any) -> Any:
@@ -182,17 +136,6 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def format_seconds(value: float) -> str:
-    """Seconds as the spec syntax writes a duration, in the largest whole unit: ``500ms``,
-    ``90s``, ``10m``, ``2h``, ``inf``."""
-    if math.isinf(value):
-        return "inf"
-    for unit, size in (("h", 3600.0), ("m", 60.0)):
-        if value >= 2 * size and (value / size).is_integer():
-            return f"{int(value / size)}{unit}"
-    return f"{round(value * 1000, 3):g}ms" if 0 < value < 1 else f"{value:g}s"
-
-
 def format_param(type_name: str, value: Any) -> str:
     """A value of a parameter of ``type_name`` as the command line writes it (``--spec-param
     backoff_max=90s``): durations with their unit, others as :func:`format_value`."""
@@ -232,20 +175,7 @@ class ParamSpec:
         return value
 
 
-def kind_of(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"boolean {value}"
-    if isinstance(value, (int, float)):
-        return f"number {value}"
-    if isinstance(value, str):
-        return f"string {value!r}"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
+
 
 
 @attrs.frozen

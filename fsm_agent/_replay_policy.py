@@ -21,22 +21,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import SpecError
-from ._params import Ref, bind_params, format_value
+from ._params import Ref, format_value
 from ._spec import TIMEOUT_TRIGGER, BackoffSpec, Spec, TimeoutSpec
 from ._spec import TransitionSpec as Transition
 from ._trace import Trace, TraceRecord, param_text
+from ._units import format_plain_seconds
 
-__all__ = ["PolicyCheck", "seconds"]
+__all__ = ["PolicyCheck"]
 
 # Backoff terms followed exactly; a sequence still growing after this many (a factor a hair
 # above 1) is checked against the range of its terms only.
 _MAX_TERMS = 10_000
 _REL = 1e-9
-
-
-def seconds(value: float) -> str:
-    """``4 s``, ``1.5 s``, ``inf``: a duration as a message shows it."""
-    return "inf" if math.isinf(value) else f"{float(f'{value:.6g}'):g} s"
 
 
 def _close(a: float, b: float) -> bool:
@@ -82,7 +78,9 @@ class _Backoff:
 
     def _shown(self, n: int) -> str:
         lo, hi = self._range(n)
-        return seconds(lo) if lo == hi else f"{seconds(lo)[:-2]} to {seconds(hi)}"
+        if lo == hi:
+            return format_plain_seconds(lo)
+        return f"{format_plain_seconds(lo)[:-2]} to {format_plain_seconds(hi)}"
 
     def enter(self, value: float) -> str | None:
         """Take one entry's delay; a message saying what was allowed if it does not fit."""
@@ -96,11 +94,12 @@ class _Backoff:
             if self.next is None:
                 lo = min(self._range(n)[0] for n in candidates)
                 hi = max(self._range(n)[1] for n in candidates)
-                return f"the backoff lies between {seconds(lo)} and {seconds(hi)}"
+                return (f"the backoff lies between {format_plain_seconds(lo)} and "
+                        f"{format_plain_seconds(hi)}")
             allowed = [f"{self._shown(n)} ({_ordinal(n + 1)} backoff in a row)"
                        for n in sorted(self.next)]
             if resets and 0 not in self.next:
-                why = (f"a healthy attempt of {seconds(self.reset_after)} or more"
+                why = (f"a healthy attempt of {format_plain_seconds(self.reset_after)} or more"
                        if not math.isinf(self.reset_after) else "an attempt that made progress")
                 allowed.append(f"{self._shown(0)} (after {why} resets it)")
             return "the backoff allows " + " or ".join(allowed)
@@ -131,8 +130,7 @@ class PolicyCheck:
             # with (replayed here against another); only the spec's own are bound.
             known = {p.name for p in spec.params}
             try:
-                self.values = bind_params(spec.params, {k: v for k, v in recorded.items()
-                                                         if k in known}, path=spec.path)
+                self.values = spec.bind({k: v for k, v in recorded.items() if k in known})
             except SpecError as e:
                 whose = "the trace header's" if params is None else "the given"
                 self.problem = (f"{whose} parameters do not fit spec {spec.name!r}: "
@@ -174,8 +172,8 @@ class PolicyCheck:
 
     def _ref_text(self, ref: Ref, value: float) -> str:
         if ref.name is None:
-            return seconds(value)
-        return f"{ref.name} = {seconds(value)}"
+            return format_plain_seconds(value)
+        return f"{ref.name} = {format_plain_seconds(value)}"
 
     def check_timeout(self, rec: TraceRecord, where: str) -> str | None:
         """``timeout`` fires only in a state that has a timer."""
@@ -218,8 +216,8 @@ class PolicyCheck:
             why = (f"stays in {dest}, which keeps its timer running" if timeout is not None
                    and dest == rec.source else f"{dest} has no timeout" if timeout is None
                    else "the step ended in an error")
-            return (f"{where}: the trace recorded a timer of {seconds(recorded)} entering "
-                    f"{dest}, but {why}")
+            return (f"{where}: the trace recorded a timer of {format_plain_seconds(recorded)} "
+                    f"entering {dest}, but {why}")
         if recorded is None:
             return (f"{where}: entering {dest} sets its timer ({timeout}), but the trace "
                     "recorded none")
@@ -227,8 +225,9 @@ class PolicyCheck:
             assert timeout.after is not None
             want = self._resolve(timeout.after)
             if want is not None and not _close(recorded, want):
-                return (f"{where}: entering {dest} set a timer of {seconds(recorded)}, but its "
-                        f"timeout is {self._ref_text(timeout.after, want)} (the value in force)")
+                return (f"{where}: entering {dest} set a timer of "
+                        f"{format_plain_seconds(recorded)}, but its timeout is "
+                        f"{self._ref_text(timeout.after, want)} (the value in force)")
             return None
         backoff = self._backoffs.get(dest)
         if backoff is None:
@@ -238,11 +237,13 @@ class PolicyCheck:
             return None
         b = timeout.backoff
         terms = ", ".join(f"{k} {r.name + ' = ' if r.name else ''}{shown(v)}"
-                          for k, r, v, shown in (("initial", b.initial, backoff.initial, seconds),
+                          for k, r, v, shown in (("initial", b.initial, backoff.initial,
+                                                  format_plain_seconds),
                                                  ("factor", b.factor, backoff.factor,
                                                   format_value),
-                                                 ("max", b.max, backoff.cap, seconds),
+                                                 ("max", b.max, backoff.cap,
+                                                  format_plain_seconds),
                                                  ("jitter", b.jitter, backoff.jitter,
                                                   format_value)))
-        return (f"{where}: entering {dest} set a backoff of {seconds(recorded)}, but {allowed} "
-                f"({terms})")
+        return (f"{where}: entering {dest} set a backoff of {format_plain_seconds(recorded)}, "
+                f"but {allowed} ({terms})")

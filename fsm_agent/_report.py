@@ -23,7 +23,8 @@ from typing import Any
 
 from ._analysis import FailureInfo, Incident, JobAnalysis
 from ._files import FileRefused, printable_lines, read_tail_under, read_under
-from ._summary import describe_failure, describe_progress, fmt_seconds
+from ._summary import describe_failure, describe_progress
+from ._units import format_elapsed
 
 __all__ = ["render_html"]
 
@@ -151,7 +152,7 @@ def _timeline(a: JobAnalysis) -> str:
         out.append(f'<line x1="{tx:.1f}" y1="{_TOP - 6}" x2="{tx:.1f}" y2="{height - 8}" '
                    'stroke="#e3e6ea"/>')
         out.append(f'<text x="{tx:.1f}" y="{_TOP - 10}" text-anchor="middle" fill="#5a6570">'
-                   f'{_e(fmt_seconds(tick).replace(" s", "s"))}</text>')
+                   f'{_e(format_elapsed(tick).replace(" s", "s"))}</text>')
     for row, lane in enumerate(a.lanes):
         y = _TOP + row * _LANE_H
         out.append(f'<g class="lane" data-node="{_e(lane.node)}" data-final="'
@@ -168,8 +169,8 @@ def _timeline(a: JobAnalysis) -> str:
                        f'x2="{ax:.1f}" y2="{bar}" stroke="#8a96a3"/><text x="{ax + 3:.1f}" '
                        f'y="{y + _BAND_H - 2}" font-size="10" fill="#5a6570">'
                        f'{_e(_fit(name, aw - 4))}</text><title>attempt {n} (start {n + 1} of '
-                       f'the workers): +{_e(fmt_seconds(t0 - a.start))}, '
-                       f'{_e(fmt_seconds(t1 - t0))}</title></g>')
+                       f'the workers): +{_e(format_elapsed(t0 - a.start))}, '
+                       f'{_e(format_elapsed(t1 - t0))}</title></g>')
         for s in lane.segments:
             x0 = x(s.start)
             w = max(x(s.end) - x0, 0.0 if s.kind == "running" else 1.5)
@@ -177,7 +178,8 @@ def _timeline(a: JobAnalysis) -> str:
             out.append(
                 f'<rect class="seg seg-{_e(s.kind)}" x="{x0:.2f}" y="{bar}" width="{w:.2f}" '
                 f'height="{_BAR_H}" fill="{colour}"><title>{_e(s.label)}: '
-                f'{_e(fmt_seconds(s.end - s.start))} from +{_e(fmt_seconds(s.start - a.start))}'
+                f'{_e(format_elapsed(s.end - s.start))} '
+                f'from +{_e(format_elapsed(s.start - a.start))}'
                 '</title></rect>')
         final = lane.final_state or "?"
         shown = final if not lane.error or final == "FAILED" else "interrupted"
@@ -193,13 +195,13 @@ def _timeline(a: JobAnalysis) -> str:
             out.append(f'<rect class="seg seg-hung" x="{x0:.2f}" y="{bar}" '
                        f'width="{max(x(inc.start) - x0, 1.5):.2f}" height="{_BAR_H}" '
                        f'fill="{COLOURS["hung"][0]}"><title>no progress for '
-                       f'{_e(fmt_seconds(inc.hang_idle))} before the hang was detected</title>'
+                       f'{_e(format_elapsed(inc.hang_idle))} before the hang was detected</title>'
                        '</rect>')
     for inc in a.incidents:
         y = _TOP + rows.get(inc.lane, 0) * _LANE_H + _BAND_H + 2  # the marker sits on the bar
         ix = x(inc.start)
         colour = "#c62828" if inc.cause not in ("membership change",) else "#1565c0"
-        tip = f"{inc.cause} at +{fmt_seconds(inc.start - a.start)}"
+        tip = f"{inc.cause} at +{format_elapsed(inc.start - a.start)}"
         if inc.decision is not None:
             tip += f"; {inc.decision.outcome}: {inc.decision.describe()}"
         out.append(f'<g class="incident"><path d="M{ix:.1f},{y + 1} l5,-7 h-10 z" '
@@ -349,7 +351,7 @@ def _root_cause(a: JobAnalysis, log_dirs: Sequence[str] = ()) -> str:
                         f"</b> {_e(reason)}</p>")
     if x is not None and x.trigger == "hung":
         body.append(f"<p><b>hang:</b> rank(s) {_e(', '.join(str(f.rank) for f in x.failures))}"
-                    f" made no progress for {_e(fmt_seconds(x.hang_idle))} before detection; "
+                    f" made no progress for {_e(format_elapsed(x.hang_idle))} before detection; "
                     "stacks below.</p>")
     if x is not None and x.decision is not None:
         body.append(f"<p>decided by <code>{_e(x.decision.describe())}</code>: "
@@ -371,7 +373,7 @@ def _incidents(a: JobAnalysis) -> str:
         d = inc.decision
         rows.append(
             f'<tr class="incident-row"><td class="num">{n}</td>'
-            f'<td class="num">+{_e(fmt_seconds(inc.start - a.start))}</td>'
+            f'<td class="num">+{_e(format_elapsed(inc.start - a.start))}</td>'
             f"<td>{_e(labels.get(inc.lane, inc.node))}</td><td>{_e(inc.cause)}"
             + (f'<br><small class="progress">progress: {_e(describe_progress(inc.progress))}'
                "</small>" if inc.progress is not None else "") + "</td>"
@@ -380,14 +382,14 @@ def _incidents(a: JobAnalysis) -> str:
             + (f"<br><small>{_e(d.description)}</small>" if d and d.description else "")
             + f"</td><td>{_e(d.outcome if d else '-')}</td>"
             f'<td class="num">{inc.restart_count} / {inc.remaining_restarts}</td>'
-            f'<td class="num">{_e(fmt_seconds(inc.lost))}</td></tr>')
+            f'<td class="num">{_e(format_elapsed(inc.lost))}</td></tr>')
     return ('<table id="incidents"><tr><th>#</th><th>when</th><th>agent</th><th>cause</th>'
             "<th>failed ranks</th><th>decided by (rule or transition)</th><th>outcome</th>"
             "<th>restarts used / left</th><th>time lost</th></tr>" + "".join(rows) + "</table>")
 
 
 def _took(took: Any) -> str:
-    return fmt_seconds(float(took)) if isinstance(took, (int, float)) else "-"
+    return format_elapsed(float(took)) if isinstance(took, (int, float)) else "-"
 
 
 def _drains(a: JobAnalysis) -> str:
@@ -410,7 +412,7 @@ def _lost(a: JobAnalysis) -> str:
     top = max(s for _, s, _ in a.lost_by_cause) or 1.0
     rows = "".join(
         f'<tr class="lost-row"><td>{_e(c)}</td><td class="num">{k}</td>'
-        f'<td class="num">{_e(fmt_seconds(s))}</td><td style="width:45%"><div class="bar" '
+        f'<td class="num">{_e(format_elapsed(s))}</td><td style="width:45%"><div class="bar" '
         f'style="width:{max(1.0, 100 * s / top):.1f}%"></div></td></tr>'
         for c, s, k in a.lost_by_cause)
     return ('<table id="lost"><tr><th>cause</th><th>incidents</th><th>time lost</th><th></th>'
@@ -475,11 +477,11 @@ def render_html(
     budget += "".join(f"; {n}: {k}" for n, k in a.budget_restarts)
     cards = [
         ("outcome", a.outcome),
-        ("wall time", fmt_seconds(max(0.0, a.end - a.start))),
+        ("wall time", format_elapsed(max(0.0, a.end - a.start))),
         ("agents", str(len(a.lanes))),
         ("restarts used / budget", budget),
         ("incidents", str(len(a.incidents))),
-        ("time lost", fmt_seconds(a.lost)),
+        ("time lost", format_elapsed(a.lost)),
     ]
     card_html = "".join(f'<div class="card" data-key="{_e(k)}"><div class="v">{_e(v)}</div>'
                         f'<div class="k">{_e(k)}</div></div>' for k, v in cards)

@@ -16,12 +16,10 @@ from ._errors import Problem, SpecError
 from ._params import (
     BUILTIN_VALUES,
     PARAM_TYPES,
-    BadValue,
     ParamSpec,
     Ref,
     coerce,
     format_value,
-    kind_of,
 )
 from ._policy import compile_policy
 from ._shape_base import _DURATION_WORDS, Findings
@@ -41,6 +39,7 @@ from ._spec import (
     TimeoutSpec,
     TransitionSpec,
 )
+from ._units import BadValue, kind_of
 from ._vocabulary import Kind, Vocabulary
 
 __all__ = ["Findings", "UnknownNames", "build_spec"]

@@ -8,7 +8,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from ._errors import Problem, SpecError
-from ._params import BUILTIN_VALUES, BadValue, ParamSpec, Ref, coerce, kind_of
+from ._params import BUILTIN_VALUES, ParamSpec, Ref, coerce
+from ._units import BadValue, kind_of
 from ._vocabulary import Vocabulary
 from ._yaml import element_name
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from ._budgets import RESERVED_BUDGETS
-from ._params import kind_of
 from ._policy import DEFAULT_OUTCOMES
 from ._shape_base import _ShapeBase
 from ._spec import (
@@ -18,6 +17,7 @@ from ._spec import (
     PolicySpec,
     RuleSpec,
 )
+from ._units import kind_of
 
 __all__ = ["budget_instance"]
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from ._params import ParamSpec, Ref
+from ._params import ParamSpec, Ref, bind_params
 from ._vocabulary import Vocabulary
 
 __all__ = [
@@ -309,6 +309,12 @@ class Spec:
     def defaults(self) -> dict[str, Any]:
         """Every parameter's default value."""
         return {p.name: p.default for p in self.params}
+
+    def bind(self, params: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Every parameter's value in force: its default, or the one ``params`` gives (a value,
+        or spec-syntax text such as ``"90s"``). Raises ``SpecError`` naming this spec's file for
+        an unknown name or a bad value."""
+        return bind_params(self.params, params, path=self.path)
 
     def param(self, name: str) -> ParamSpec:
         """The parameter called ``name``."""

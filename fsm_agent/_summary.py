@@ -14,24 +14,14 @@ from typing import TYPE_CHECKING, Any
 from ._analysis import FailureInfo, JobAnalysis, _num, analyse
 from ._trace import Trace, TraceRecord, step_record
 from ._trace_schema import fold_key
+from ._units import format_elapsed
 
 if TYPE_CHECKING:
     from ._spec import Spec
     from ._step import Step
 
 __all__ = ["RunRecorder", "describe_drain", "describe_failure", "describe_progress",
-           "detail_lines", "fmt_seconds", "format_text"]
-
-
-def fmt_seconds(s: float) -> str:
-    """``0.42 s``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
-    if s < 10:
-        return f"{s:.2f} s"
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{int(s // 60)} min {int(s % 60):02d} s"
-    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+           "detail_lines", "format_text"]
 
 
 def describe_failure(f: FailureInfo) -> str:
@@ -74,7 +64,7 @@ def describe_drain(d: Mapping[str, Any]) -> str:
            if ranks else "no running worker")
     sig = d.get("signal") or "the drain signal"
     took = d.get("took_s")
-    within = f" in {fmt_seconds(_num(took))}" if isinstance(took, (int, float)) else ""
+    within = f" in {format_elapsed(_num(took))}" if isinstance(took, (int, float)) else ""
     why = f" ({d['reason']})" if d.get("reason") else ""
     return f"{sig} to {who}{why}: {d.get('workers') or 'drained'}{within}"
 
@@ -119,7 +109,7 @@ def format_text(a: JobAnalysis) -> str:
     if a.spec_name:
         head += f" (spec {a.spec_name!r}"
         head += f", {nodes} agent{'s' if nodes != 1 else ''})"
-    lines.append(f"fsm-agent: {head} after {fmt_seconds(max(0.0, a.end - a.start))}")
+    lines.append(f"fsm-agent: {head} after {format_elapsed(max(0.0, a.end - a.start))}")
     x = a.root_incident
     if a.root_cause is not None:
         label = "root cause" if a.outcome != "SUCCEEDED" else "first failure (recovered)"
@@ -134,7 +124,7 @@ def format_text(a: JobAnalysis) -> str:
         hung = [f for f in x.failures]
         if hung:
             lines.append("  hung ranks: " + ", ".join(str(f.rank) for f in hung)
-                         + (f" (no progress for {fmt_seconds(x.hang_idle)})" if x.hang_idle
+                         + (f" (no progress for {format_elapsed(x.hang_idle)})" if x.hang_idle
                             else ""))
     if x is not None and x.decision is not None:
         verb = {"gave up": "gave up", "restart": "restarted", "aborted": "aborted"}.get(
@@ -142,8 +132,8 @@ def format_text(a: JobAnalysis) -> str:
         lines.append(f"decided by: {x.decision.describe()} -> {verb}")
     lines.extend(detail_lines(a))
     if a.incidents:
-        parts = [f"{c} {fmt_seconds(s)} ({k}x)" for c, s, k in a.lost_by_cause]
-        lines.append(f"time lost: {fmt_seconds(a.lost)}: " + "; ".join(parts))
+        parts = [f"{c} {format_elapsed(s)} ({k}x)" for c, s, k in a.lost_by_cause]
+        lines.append(f"time lost: {format_elapsed(a.lost)}: " + "; ".join(parts))
     if a.stacks:
         lines.append("stacks:")
         for s in a.stacks:

@@ -22,8 +22,8 @@ from typing import Any
 
 import attrs
 
-from ._params import format_seconds
 from ._spec import Spec
+from ._units import format_seconds
 
 __all__ = ["KILL_MARGIN", "RULES", "Finding", "Layers", "check_timeouts", "format_findings"]
 

@@ -52,7 +52,6 @@ from ._trace_schema import (
     TraceError,
     fold_key,
 )
-from ._units import parse_size
 
 if TYPE_CHECKING:
     from ._spec import Spec
@@ -66,7 +65,6 @@ __all__ = [
     "TraceRecord",
     "TraceWriter",
     "open_trace",
-    "parse_size",
     "read_trace",
     "step_record",
 ]
@@ -408,20 +406,20 @@ def _fold_tail(count: int, wall: float, mono: float) -> str:
 
 def _params_in_force(spec: Spec | str | None, params: Mapping[str, Any] | None) -> dict[str, str]:
     """The header's ``params``: every value in force, in the spec's syntax (``60``, ``[3, 4]``)."""
-    from ._params import bind_params, format_value
+    from ._params import format_value
 
     if spec is None or isinstance(spec, str):
         # Nothing to merge with: what the caller says, as it says it.
         return {str(k): format_value(v) for k, v in (params or {}).items()}
     types = {p.name: p.type for p in spec.params}
-    return {k: param_text(types[k], v) for k, v in bind_params(spec.params, params,
-                                                               path=spec.path).items()}
+    return {k: param_text(types[k], v) for k, v in spec.bind(params).items()}
 
 
 def param_text(type_name: str, value: Any) -> str:
     """A parameter's value in the spec's syntax, exactly: ``10m`` when the unit says it without
     losing anything, else plain seconds (``600.125``), so that replay reads back what ran."""
-    from ._params import BadValue, format_param, format_value, parse_text
+    from ._params import format_param, format_value, parse_text
+    from ._units import BadValue
 
     text = format_param(type_name, value)
     try:

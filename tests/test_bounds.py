@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from fsm_agent import load_spec, parse_spec
-from fsm_agent._bounds import Limits, bounds, bounds_json, format_bounds, format_duration
+from fsm_agent._bounds import Limits, bounds, bounds_json, format_bounds
 from fsm_agent._health import health_budget
+from fsm_agent._units import format_duration
 from fsm_agent.cli import main
 
 LIMITS = Limits(max_restarts=3, monitor_interval=0.5, rendezvous_timeout=120.0,

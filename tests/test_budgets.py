@@ -224,7 +224,8 @@ def test_a_count_parameter_takes_an_integer_or_inf_from_the_command_line(text: s
 
 @pytest.mark.parametrize("text", ["-1", "2.5", "lots"])
 def test_a_count_parameter_refuses_what_is_not_a_count(text: str) -> None:
-    from fsm_agent._params import BadValue, parse_text
+    from fsm_agent._params import parse_text
+    from fsm_agent._units import BadValue
 
     with pytest.raises(BadValue, match="expected a count"):
         parse_text("count", text)

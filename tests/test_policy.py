@@ -8,7 +8,6 @@ Expected values are worked out here from the parameters, not read back from the 
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 
 from fsm_agent import Lifecycle, LifecycleError, SpecError, Step, VirtualClock, parse_spec
-from fsm_agent._params import BadValue, parse_duration, parse_text
+from fsm_agent._params import parse_text
 from fsm_agent.testing import RecordingDriver, make_result
 
 NO_JITTER = {"backoff_jitter": 0}
@@ -28,20 +27,6 @@ def _resilient(results: list[Any], clock: VirtualClock, **kw: Any) -> tuple[Life
     lc = Lifecycle("resilient", RecordingDriver(results), clock=clock, params=params,
                    listeners=[steps.append], rng=random.Random(0), **kw)
     return lc, steps
-
-
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("1.5", 1.5), ("500ms", 0.5), ("5s", 5.0), ("10m", 600.0), ("2h", 7200.0), ("inf", math.inf),
-    (3, 3.0), (0.25, 0.25),
-])
-def test_durations(text: Any, seconds: float) -> None:
-    assert parse_duration(text) == seconds
-
-
-@pytest.mark.parametrize("text", ["-1", "5 parsecs", "1e3s", "", "ten"])
-def test_bad_durations(text: str) -> None:
-    with pytest.raises(BadValue):
-        parse_duration(text)
 
 
 @pytest.mark.parametrize(("text", "value"), [("[3,4]", (3, 4)), ("3,4", (3, 4)), ("[]", ()),

@@ -158,3 +158,17 @@ def test_a_problem_with_invisible_characters_stays_one_printable_line(tmp_path: 
     text = str(info.value)
     assert all(line.isprintable() for line in text.splitlines()), text
     assert "na\\ufeffme" in text
+
+
+def test_a_spec_binds_given_values_over_its_defaults_and_names_its_file_for_a_bad_one() -> None:
+    spec = load_spec("resilient")
+    assert spec.bind(None) == spec.bind({}) == spec.defaults
+    assert spec.bind({"backoff_max": "90s", "no_retry_exit_codes": "3,4", "backoff_jitter": 0}) \
+        == {**spec.defaults, "backoff_max": 90.0, "no_retry_exit_codes": (3, 4),
+            "backoff_jitter": 0.0}
+    with pytest.raises(SpecError) as e:
+        spec.bind({"nope": 1, "backoff_jitter": 1.5})
+    line = next(p.line for p in spec.params if p.name == "backoff_jitter")
+    assert [(p.path, p.line, p.element) for p in e.value.problems] == [
+        (spec.path, None, "params.nope"), (spec.path, line, "params.backoff_jitter")]
+    assert e.value.problems[1].message == "bad value 1.5: 1.5 is above the maximum 1"

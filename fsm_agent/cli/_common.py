@@ -125,7 +125,7 @@ def seconds_arg(positive: bool) -> Callable[[str], float]:
     """An argparse ``type``: a finite duration (``1.5``, ``500ms``, ``5s``, ``10m``), more
     than 0 if ``positive``."""
     def parse(text: str) -> float:
-        from .._params import BadValue, parse_duration
+        from .._units import BadValue, parse_duration
 
         try:
             value = parse_duration(text)
@@ -253,16 +253,14 @@ def spec_params(args: argparse.Namespace, spec: Spec, *, max_restarts: int = 3,
     spec. ``max_restarts`` and ``exit_barrier_timeout`` are the agent's settings (specs may refer
     to them).
     """
-    from .._params import bind_params
-
     overrides = _param_overrides(args)
     for name, text in overrides.items():
         try:
-            bind_params(spec.params, {name: text}, path=spec.path)
+            spec.bind({name: text})
         except SpecError as e:
             why = e.problems[0].message if e.problems else str(e)
             raise UsageError(f"--spec-param {name}={text}: spec {spec.name!r}: {why}") from None
-    values = bind_params(spec.params, overrides, path=spec.path)
+    values = spec.bind(overrides)
     if overrides:
         _check_instances(spec, overrides, {**values, "max_restarts": max_restarts,
                                            "exit_barrier_timeout": float(exit_barrier_timeout)})

@@ -55,7 +55,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse
 
 
 def _seconds(flag: str, value: object) -> None:
-    from .._params import BadValue, check_seconds
+    from .._units import BadValue, check_seconds
 
     try:
         check_seconds(value)

@@ -141,7 +141,7 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _size(text: str) -> int:
-    from .._trace import parse_size
+    from .._units import parse_size
 
     try:
         size = parse_size(text)

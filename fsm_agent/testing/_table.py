@@ -6,6 +6,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._units import format_offset
 from ._compare import same_calls
 from ._reference import (
     Event,
@@ -101,14 +102,10 @@ def _outcome_line(trace: Trace) -> str:
             f"remaining_restarts {trace.remaining_restarts}{code}")
 
 
-def _seconds(value: float) -> str:
-    return f"+{value:g}s"
-
-
 #: Columns a script shows when some tick sets them: title, the cell, the cell's plain value.
 _EXTRA_COLUMNS: tuple[tuple[str, Callable[[Tick], str], str], ...] = (
     ("failure", lambda t: t.failure_detail() or "-", "-"),
-    ("time", lambda t: _seconds(t.elapsed) if t.elapsed else "-", "-"),
+    ("time", lambda t: format_offset(t.elapsed) if t.elapsed else "-", "-"),
     ("draw", lambda t: f"{t.draw:g}", "0.5"),
     ("step", lambda t: "-" if t.step is None else str(t.step), "-"),
     ("preempted after", lambda t: t.preemption_detail() or "-", "-"),

@@ -17,7 +17,8 @@ from diag_helpers import Jobs, trace_records
 
 from fsm_agent import Lifecycle, load_spec
 from fsm_agent._replay import replay, summary
-from fsm_agent._trace import JsonlTraceWriter, parse_size, read_trace, step_record
+from fsm_agent._trace import JsonlTraceWriter, read_trace, step_record
+from fsm_agent._units import parse_size
 from fsm_agent.testing import RecordingDriver
 
 SCRIPT = ["HEALTHY"] * 400 + ["FAILED"] + ["HEALTHY"] * 250 + ["UNHEALTHY"] + \
