@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._clock import Clock, SystemClock
+from ._driver import JobDriver, capability, has_job
 
 if TYPE_CHECKING:
     from ._driver import Driver
@@ -113,9 +114,9 @@ class Context:
         if self.budget_scope != "job":
             return None
         driver = self.driver
-        if not callable(getattr(driver, "add_job_restart", None)):
+        if not callable(capability(driver, JobDriver.add_job_restart)):
             return None
-        return driver if getattr(driver, "has_job", True) else None
+        return driver if has_job(driver, True) else None
 
     def refresh_budget(self) -> None:
         """Recount ``remaining_restarts`` for a sliding window or a job-wide budget (a no-op for

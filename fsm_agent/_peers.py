@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ._driver import PeerDriver, capability
+
 if TYPE_CHECKING:
     from ._context import Context, Guard
 
@@ -31,7 +33,7 @@ PEER_LOST_GUARD = "peer_lost"
 def lost_peers(ctx: Context) -> tuple[str, ...]:
     """The nodes of the current round the driver knows to be lost (none without a driver
     method ``lost_peers``)."""
-    ask = getattr(ctx.driver, "lost_peers", None)
+    ask = capability(ctx.driver, PeerDriver.lost_peers)
     if ask is None:
         return ()
     return tuple(str(node) for node in ask())
