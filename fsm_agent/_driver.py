@@ -205,10 +205,13 @@ class ProgressDriver(Protocol):
 def capability(driver: object,
                method: Callable[Concatenate[Any, _P], _R]) -> Callable[_P, _R] | None:
     """The driver's ``method`` (a method of one of the capability Protocols, named through it:
-    ``capability(driver, PeerDriver.lost_peers)``), or None when the driver has none.
+    ``capability(driver, PeerDriver.lost_peers)``), or None when the driver has none. The torch
+    agent's optional hooks are asked for the same way (``fsm_agent.torch._hooks``).
 
     Found as ``getattr`` finds it, at every call and at the cost of one ``getattr``: a method set
-    on the instance counts, and one set to None is missing.
+    on the instance counts, and one set to None is missing. (An ``isinstance`` check against
+    the Protocol would look at every member of it, on every monitor tick, and would refuse a
+    driver that has only some of a feature's methods.)
     """
     found: Callable[_P, _R] | None = getattr(driver, method.__name__, None)
     return found
@@ -220,8 +223,8 @@ def has_job(driver: object, default: bool) -> bool:
 
 
 def members(protocol: type) -> tuple[str, ...]:
-    """The public members a Protocol declares in its own body (methods and annotated
-    attributes), in the order written."""
+    """The members a Protocol declares in its own body (annotated attributes, then methods, in
+    the order written; not the dunders ``typing`` adds)."""
     names = [*vars(protocol).get("__annotations__", {}),
              *(n for n, v in vars(protocol).items() if callable(v))]
-    return tuple(dict.fromkeys(n for n in names if not n.startswith("_")))
+    return tuple(dict.fromkeys(n for n in names if not n.startswith("__")))
