@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult
 
 __all__ = [
+    "HAS_JOB",
     "DrainDriver",
     "Driver",
     "HealthDriver",
@@ -19,7 +20,6 @@ __all__ = [
     "QuarantineDriver",
     "StackDriver",
     "capability",
-    "has_job",
     "members",
 ]
 
@@ -138,11 +138,16 @@ class HealthDriver(Protocol):
 
 @runtime_checkable
 class JobMembership(Protocol):
-    """``has_job``: whether the driver is in a job of several agents right now (read with
-    :func:`has_job`). The job-wide budget assumes True when it is missing (any ``JobDriver`` is a
-    job), quarantine assumes False (an agent alone has nobody to take its slot)."""
+    """``has_job``: whether the driver is in a job of several agents right now (read as
+    ``getattr(driver, HAS_JOB, default)``). The job-wide budget assumes True when it is missing
+    (any ``JobDriver`` is a job), quarantine assumes False (an agent alone has nobody to take
+    its slot)."""
 
     has_job: bool
+
+
+#: :class:`JobMembership`'s attribute (an attribute, not a method: ``capability`` cannot name it).
+HAS_JOB = "has_job"
 
 
 @runtime_checkable
@@ -208,18 +213,15 @@ def capability(driver: object,
     ``capability(driver, PeerDriver.lost_peers)``), or None when the driver has none. The torch
     agent's optional hooks are asked for the same way (``fsm_agent.torch._hooks``).
 
-    Found as ``getattr`` finds it, at every call and at the cost of one ``getattr``: a method set
-    on the instance counts, and one set to None is missing. (An ``isinstance`` check against
-    the Protocol would look at every member of it, on every monitor tick, and would refuse a
-    driver that has only some of a feature's methods.)
+    Found as ``getattr`` finds it, at every call: a method set on the instance counts, and one
+    set to None is missing. (An ``isinstance`` check against the Protocol would look at every
+    member of it, and would refuse a driver that has only some of a feature's methods.) The
+    lookups of every monitor tick (``lost_peers``, ``add_job_restart``) cannot pay for this
+    call: they ``getattr`` the name taken once from the Protocol (``PeerDriver.lost_peers
+    .__name__``).
     """
     found: Callable[_P, _R] | None = getattr(driver, method.__name__, None)
     return found
-
-
-def has_job(driver: object, default: bool) -> bool:
-    """``driver.has_job`` (:class:`JobMembership`), ``default`` when the driver does not say."""
-    return bool(getattr(driver, "has_job", default))
 
 
 def members(protocol: type) -> tuple[str, ...]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._context import ActionDef, Kind
 from ._context import KindExample as E
-from ._driver import QuarantineDriver, capability, has_job
+from ._driver import HAS_JOB, QuarantineDriver, capability
 from ._health import LeftJob
 from ._peers import PEER_LOST_GUARD
 
@@ -121,7 +121,7 @@ def _alone(ctx: Context) -> bool:
     rendezvous of several nodes does; a single-node run, the recording and the kit's drivers,
     ``check --bounds`` do not). Nobody could take its slot: its failures are for the restart
     budget to judge, as they were before quarantine."""
-    return not has_job(ctx.driver, False)
+    return not getattr(ctx.driver, HAS_JOB, False)
 
 
 def _own_failures_at_least(count: int) -> Callable[[Context], bool]:

@@ -58,12 +58,16 @@ def test_the_core_never_looks_a_driver_method_up_by_a_string() -> None:
 
 def test_every_capability_member_is_what_the_core_asks_for_and_nothing_else() -> None:
     asked = set()
+    protocols = {p.__name__ for p in (*CAPABILITIES, _driver.JobDriver)}
     for path in _core_modules():
         for call in _calls(path, "capability"):
             member = call.args[1]
             assert isinstance(member, ast.Attribute) and isinstance(member.value, ast.Name), (
                 f"{path.name}:{call.lineno}: name the method through its Protocol")
-            asked.add((member.value.id, member.attr))
+        # capability(driver, PeerDriver.lost_peers), or a tick's PeerDriver.lost_peers.__name__
+        asked |= {(n.value.id, n.attr) for n in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                  and n.value.id in protocols}
     declared = {(p.__name__, m) for p in CAPABILITIES for m in _driver.members(p)}
     # of JobDriver, the lifecycle asks for two alone; the others it calls on a job driver
     assert asked == declared | {("JobDriver", "add_job_restart"), ("JobDriver", "announce_failure")}
@@ -83,7 +87,7 @@ def test_the_required_methods_are_the_driver_protocols() -> None:
     assert _DRIVER_METHODS == _driver.members(fsm_agent.Driver) == (
         "rendezvous", "start_workers", "stop_workers", "monitor", "num_nodes_waiting",
         "exit_barrier", "put_metric")
-    assert _driver.members(_driver.JobMembership) == ("has_job",)
+    assert _driver.members(_driver.JobMembership) == (_driver.HAS_JOB,)
 
 
 class Bare:

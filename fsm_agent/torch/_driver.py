@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetricHandler
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["TorchDriver"]
 
 logger = logging.getLogger("fsm_agent.torch")
+
+_LOST_PEERS = PeerHooks._fsm_lost_peers.__name__
 
 
 class _Counters(Protocol):
@@ -376,7 +378,8 @@ class TorchDriver:
         agent's ``_fsm_lost_peers()`` says (the mixin's reads torch's rendezvous keep-alive,
         ``fsm_agent.torch._peers``; a supervisor that learns of a lost machine from its scheduler
         overrides it); none when the agent has no such hook."""
-        ask = capability(self.agent, PeerHooks._fsm_lost_peers)
+        # asked on every healthy tick of a spec that asks peer_lost: a getattr, not capability()
+        ask: Callable[[], Iterable[str]] | None = getattr(self.agent, _LOST_PEERS, None)
         return tuple(ask()) if ask is not None else ()
 
     def note_progress(self, verdict: dict[str, Any]) -> None:

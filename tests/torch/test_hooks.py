@@ -50,6 +50,9 @@ def test_the_driver_asks_for_every_optional_hook_and_calls_the_required_ones() -
                 member = node.args[1]
                 assert isinstance(member, ast.Attribute), f"{path.name}:{node.lineno}"
                 asked.add(member.attr)
+            elif (isinstance(node, ast.Attribute) and node.attr == "__name__"
+                  and isinstance(node.value, ast.Attribute) and node.value.attr in HOOKS):
+                asked.add(node.value.attr)  # a tick's lookup: getattr(agent, Hooks.name.__name__)
             elif (isinstance(node, ast.Attribute) and node.attr in HOOKS
                   and ast.unparse(node.value) == "self.hooks"):
                 called.add(node.attr)
