@@ -15,7 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 from ._clock import Clock, SystemClock, VirtualClock
 from ._drain import Preempted, Preemption
-from ._driver import Driver, JobDriver
+from ._driver import (
+    DrainDriver,
+    Driver,
+    HealthDriver,
+    JobDriver,
+    JobMembership,
+    PeerDriver,
+    ProgressDriver,
+    QuarantineDriver,
+    StackDriver,
+)
 from ._engine import Lifecycle
 from ._errors import (
     ActionError,
@@ -42,8 +52,11 @@ __all__ = [
     "ActionRecord",
     "Clock",
     "Context",
+    "DrainDriver",
     "Driver",
+    "HealthDriver",
     "JobDriver",
+    "JobMembership",
     "Kind",
     "KindExample",
     "Lifecycle",
@@ -51,12 +64,16 @@ __all__ = [
     "Listener",
     "MetricSpec",
     "ParamSpec",
+    "PeerDriver",
     "Preempted",
     "Preemption",
     "Problem",
+    "ProgressDriver",
+    "QuarantineDriver",
     "RunResult",
     "Spec",
     "SpecError",
+    "StackDriver",
     "StateSpec",
     "Step",
     "SystemClock",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._clock import Clock, SystemClock
+from ._driver import HAS_JOB, JobDriver
 
 if TYPE_CHECKING:
     from ._driver import Driver
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_ATTEMPTS_KEPT", "Action", "ActionDef", "Context", "Guard", "Kind", "KindExample",
            "frozen_mapping"]
+
+_ADD_JOB_RESTART = JobDriver.add_job_restart.__name__
 
 #: Failed attempts and restart times remembered (for the consecutive-failure and window guards).
 MAX_ATTEMPTS_KEPT = 1000
@@ -113,9 +116,10 @@ class Context:
         if self.budget_scope != "job":
             return None
         driver = self.driver
-        if not callable(getattr(driver, "add_job_restart", None)):
+        # every tick comes through here (refresh_budget): a getattr, not a call of capability()
+        if not callable(getattr(driver, _ADD_JOB_RESTART, None)):
             return None
-        return driver if getattr(driver, "has_job", True) else None
+        return driver if getattr(driver, HAS_JOB, True) else None
 
     def refresh_budget(self) -> None:
         """Recount ``remaining_restarts`` for a sliding window or a job-wide budget (a no-op for

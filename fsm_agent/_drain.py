@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from ._context import ActionDef, Kind
+from ._driver import DrainDriver, capability
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -101,7 +102,7 @@ class Preempted(Exception):
 
 
 def _preemption(ctx: Context) -> Preemption:
-    describe = getattr(ctx.driver, "preemption", None)
+    describe = capability(ctx.driver, DrainDriver.preemption)
     found = describe() if describe is not None else None
     return found if isinstance(found, Preemption) else Preemption(None, "preempted")
 
@@ -116,7 +117,7 @@ def _announce_preemption(exit_code: int) -> Callable[[Context], None]:
         code = found.exit_code
         if code is None:
             code = preempted_code(exit_code, found.signal)
-            announce = getattr(ctx.driver, "announce_preemption", None)
+            announce = capability(ctx.driver, DrainDriver.announce_preemption)
             if announce is not None:
                 # one job, one outcome: the code that won is the one every agent ends with
                 won = announce(code, found.reason)
@@ -130,7 +131,7 @@ def _drain_workers(signal: str) -> Callable[[Context], None]:
     signum = signal_number(signal)
 
     def action(ctx: Context) -> None:
-        drain = getattr(ctx.driver, "drain_workers", None)
+        drain = capability(ctx.driver, DrainDriver.drain_workers)
         if drain is None:
             log.warning("[%s] drain_workers: driver %s cannot drain its workers; they are "
                         "stopped when the drain's time is up", ctx.role, type(ctx.driver).__name__)
@@ -141,7 +142,7 @@ def _drain_workers(signal: str) -> Callable[[Context], None]:
 
 
 def _kill_workers(ctx: Context) -> None:
-    kill = getattr(ctx.driver, "kill_workers", None)
+    kill = capability(ctx.driver, DrainDriver.kill_workers)
     (kill if kill is not None else ctx.driver.stop_workers)()
 
 

@@ -45,6 +45,7 @@ import attrs
 
 from ._context import Kind
 from ._context import KindExample as E
+from ._driver import HealthDriver, capability
 from ._units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ class HealthCheck:
 
 def _check_guard(check: HealthCheck) -> Callable[[Context], bool]:
     def guard(ctx: Context) -> bool:
-        runner = getattr(ctx.driver, "check_health", None)
+        runner = capability(ctx.driver, HealthDriver.check_health)
         result = runner(check) if runner is not None else check.run()
         if not result.ok:
             log.warning("[%s] health check %s failed: %s", ctx.role, check.name, result.reason)
@@ -328,7 +329,7 @@ def _leave_job(exit_code: int) -> Callable[[Context], None]:
 
     def action(ctx: Context) -> None:
         ctx.exit_code = exit_code
-        reason_of = getattr(ctx.driver, "health_reason", None)
+        reason_of = capability(ctx.driver, HealthDriver.health_reason)
         reason = reason_of() if reason_of is not None else None
         raise LeftJob(reason or "a node health check failed", exit_code)
 

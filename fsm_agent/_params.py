@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from ._driver import Driver, members
 from ._units import BadValue, format_seconds, kind_of, parse_duration
 
 __all__ = [
@@ -227,8 +228,8 @@ def bind_params(
     return values
 
 
-_DRIVER_METHODS = ("rendezvous", "start_workers", "stop_workers", "monitor",
-                   "num_nodes_waiting", "exit_barrier", "put_metric")
+#: What a driver must have: the methods of the ``Driver`` Protocol.
+_DRIVER_METHODS = members(Driver)
 
 
 def check_settings(driver: Any, *, role: Any, max_restarts: Any,

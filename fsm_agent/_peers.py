@@ -15,7 +15,10 @@ without it never reports a loss, and the guard is then always false.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
+
+from ._driver import PeerDriver
 
 if TYPE_CHECKING:
     from ._context import Context, Guard
@@ -24,6 +27,8 @@ __all__ = ["GUARDS", "PEER_LOST_GUARD", "describe_lost", "lost_peers"]
 
 log = logging.getLogger("fsm_agent")
 
+_LOST_PEERS = PeerDriver.lost_peers.__name__
+
 #: The built-in guard's name.
 PEER_LOST_GUARD = "peer_lost"
 
@@ -31,7 +36,8 @@ PEER_LOST_GUARD = "peer_lost"
 def lost_peers(ctx: Context) -> tuple[str, ...]:
     """The nodes of the current round the driver knows to be lost (none without a driver
     method ``lost_peers``)."""
-    ask = getattr(ctx.driver, "lost_peers", None)
+    # every healthy tick of a spec that asks peer_lost comes here: a getattr, not capability()
+    ask: Callable[[], Iterable[object]] | None = getattr(ctx.driver, _LOST_PEERS, None)
     if ask is None:
         return ()
     return tuple(str(node) for node in ask())

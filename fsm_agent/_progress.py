@@ -35,6 +35,7 @@ import attrs
 
 from ._context import Kind
 from ._context import KindExample as E
+from ._driver import ProgressDriver, capability
 
 if TYPE_CHECKING:
     from ._context import Context
@@ -148,7 +149,7 @@ class Mark:
 
 
 def _mark(ctx: Context) -> Mark | None:
-    take = getattr(ctx.driver, "progress_mark", None)
+    take = capability(ctx.driver, ProgressDriver.progress_mark)
     if take is None:
         return None
     try:
@@ -180,7 +181,7 @@ def note_attempt_end(ctx: Context) -> None:
         ctx.stalled_restarts += 1
     elif moved is not False:
         ctx.stalled_restarts = 0
-    report = getattr(ctx.driver, "note_progress", None)
+    report = capability(ctx.driver, ProgressDriver.note_progress)
     if report is not None:
         report({"start": start.as_dict(), "end": now.as_dict(), "progressed": moved,
                 "attempt": ctx.attempts - 1, "stalled_restarts": ctx.stalled_restarts})

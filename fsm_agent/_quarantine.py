@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._context import ActionDef, Kind
 from ._context import KindExample as E
+from ._driver import HAS_JOB, QuarantineDriver, capability
 from ._health import LeftJob
 from ._peers import PEER_LOST_GUARD
 
@@ -105,7 +106,7 @@ def _failed_first(ctx: Context) -> bool:
     """Whether no other node's failure came first in this round: workers that talk to each
     other all fail when one node's do; the driver's optional ``failed_first()`` says whose
     failure reached the job first (a driver without it: this one's)."""
-    first = getattr(ctx.driver, "failed_first", None)
+    first = capability(ctx.driver, QuarantineDriver.failed_first)
     return first is None or bool(first())
 
 
@@ -120,7 +121,7 @@ def _alone(ctx: Context) -> bool:
     rendezvous of several nodes does; a single-node run, the recording and the kit's drivers,
     ``check --bounds`` do not). Nobody could take its slot: its failures are for the restart
     budget to judge, as they were before quarantine."""
-    return not getattr(ctx.driver, "has_job", False)
+    return not getattr(ctx.driver, HAS_JOB, False)
 
 
 def _own_failures_at_least(count: int) -> Callable[[Context], bool]:
@@ -140,7 +141,7 @@ def _quarantine_node(exit_code: int, after: int) -> Callable[[Context], None]:
         failures = [*ctx.own_failures, _current(ctx)]
         reason = quarantine_reason(failures, after)
         ctx.exit_code = exit_code
-        mark = getattr(ctx.driver, "quarantine", None)
+        mark = capability(ctx.driver, QuarantineDriver.quarantine)
         if mark is not None:
             mark(reason)  # the mark that keeps this node out of the job's later rounds
         log.error("[%s] %s; leaving the job (exit %d)", ctx.role, reason, exit_code)

@@ -30,6 +30,7 @@ from ._context import (
 )
 from ._drain import ACTION_KINDS as DRAIN_ACTION_KINDS
 from ._drain import ACTIONS as DRAIN_ACTIONS
+from ._driver import JobDriver, StackDriver, capability
 from ._errors import WorkerGroupFailureException
 from ._health import ACTION_KINDS as HEALTH_ACTION_KINDS
 from ._health import GUARD_KINDS as HEALTH_GUARD_KINDS
@@ -128,7 +129,7 @@ def _exit_barrier(ctx: Context) -> None:
 def _announce_failure(ctx: Context) -> None:
     # Tell the other agents of the job, before anything else, that this one gives up; a driver
     # without a job (a single agent, a test driver) has nobody to tell.
-    announce = getattr(ctx.driver, "announce_failure", None)
+    announce = capability(ctx.driver, JobDriver.announce_failure)
     if announce is None:
         return
     observed = ctx.observed.state.name if ctx.observed is not None else "no observation"
@@ -160,7 +161,7 @@ _BUILTIN_GUARDS: dict[str, Guard] = {
 
 def _capture_stacks(ctx: Context) -> None:
     # Diagnostics only: a driver that cannot take stacks, or fails to, never changes the outcome.
-    capture = getattr(ctx.driver, "capture_stacks", None)
+    capture = capability(ctx.driver, StackDriver.capture_stacks)
     if capture is None:
         log.warning("[%s] capture_stacks: driver %s cannot capture stacks", ctx.role,
                     type(ctx.driver).__name__)

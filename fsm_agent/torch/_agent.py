@@ -58,6 +58,15 @@ from fsm_agent.torch._wakeup import WorkerExitWaker
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import WorkerGroup
 
+    from fsm_agent.torch._hooks import (
+        AgentHooks,
+        DiagnosticHooks,
+        PeerHooks,
+        PreemptionHooks,
+        SlateHooks,
+        TimerHooks,
+    )
+
 __all__ = ["FSMElasticAgent", "LifecycleAgentMixin"]
 
 logger = logging.getLogger("fsm_agent.torch")
@@ -611,3 +620,16 @@ class FSMElasticAgent(  # type: ignore[misc]
         elif log_dir is not None:
             raise ValueError("FSMElasticAgent: give logs_specs or log_dir, not both")
         super().__init__(spec, logs_specs, *args, **kwargs)
+
+
+if TYPE_CHECKING:
+    # mypy checks that the agent has every hook its driver calls, with the driver's types.
+    # FSMElasticAgent's torch base is Any to mypy, which would let any hook pass: the check is
+    # on its bases of this package, composed in the same order.
+    class _Composed(SentinelMixin, DrainMixin, LifecycleAgentMixin, CleanSlateMixin,
+                    HangWatchdogMixin, ProcessGroupReaperMixin, WarmStartMixin):
+        pass
+
+    def _agent_hooks(agent: _Composed) -> tuple[AgentHooks, DiagnosticHooks, PeerHooks,
+                                                PreemptionHooks, SlateHooks, TimerHooks]:
+        return agent, agent, agent, agent, agent, agent

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetricHandler
 from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
 from fsm_agent._drain import PREEMPTED_OUTCOME, Preemption
+from fsm_agent._driver import capability
 from fsm_agent._health import CheckResult, HealthCheck
 from fsm_agent._job import ANY
 from fsm_agent._peers import describe_lost
@@ -19,6 +20,14 @@ from fsm_agent._progress import Mark
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._errorfiles import tolerant_error_files
 from fsm_agent.torch._fastpath import cached_nodes_waiting
+from fsm_agent.torch._hooks import (
+    AgentHooks,
+    DiagnosticHooks,
+    PeerHooks,
+    PreemptionHooks,
+    SlateHooks,
+    asks_peers,
+)
 from fsm_agent.torch._isolation import WorkerStoreIsolation
 
 if TYPE_CHECKING:
@@ -34,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["TorchDriver"]
 
 logger = logging.getLogger("fsm_agent.torch")
+
+_LOST_PEERS = PeerHooks._fsm_lost_peers.__name__
 
 
 class _Counters(Protocol):
@@ -82,6 +93,9 @@ class TorchDriver:
         on_started: Callable[[], None] | None = None,
     ) -> None:
         self.agent = agent
+        #: The same agent, as the hooks the driver calls on it without asking (the optional ones
+        #: it asks for: ``fsm_agent.torch._hooks``).
+        self.hooks: AgentHooks = agent
         self._on_started = on_started
         self.isolation: WorkerStoreIsolation | None = (
             WorkerStoreIsolation() if isolate_worker_store else None
@@ -284,8 +298,7 @@ class TorchDriver:
                         world_size=world_size,
                         key_prefix=_TERMINAL_STATE_SYNC_ID,
                         timeout=timeout,
-                        abort=self._lost_at_barrier if getattr(
-                            self.agent, "_fsm_asks_peers", False) else None,
+                        abort=self._lost_at_barrier if asks_peers(self.agent) else None,
                     )
                 except BarrierAborted as e:
                     # A lost peer never arrives: this node's outcome stands, now rather than
@@ -328,7 +341,7 @@ class TorchDriver:
 
     def capture_stacks(self) -> None:
         """Dump every worker's Python stacks before they are stopped (``capture_stacks``)."""
-        capture = getattr(self.agent, "_fsm_capture_stacks", None)
+        capture = capability(self.agent, DiagnosticHooks._fsm_capture_stacks)
         if capture is None:
             logger.warning("capture_stacks: agent %s cannot take its workers' stacks",
                            type(self.agent).__name__)
@@ -337,15 +350,15 @@ class TorchDriver:
 
     def drain_workers(self, signum: int) -> None:
         """Send ``signum`` to every worker process (``drain_workers``): the drain begins."""
-        self.agent._fsm_drain_workers(signum)  # type: ignore[attr-defined]
+        self.hooks._fsm_drain_workers(signum)
 
     def kill_workers(self) -> None:
         """Kill what is left of the workers at once (``kill_workers``: the drain's time is up)."""
-        self.agent._fsm_kill_workers()  # type: ignore[attr-defined]
+        self.hooks._fsm_kill_workers()
 
     def preemption(self) -> Preemption | None:
         """The preemption under way (the signal received, or another agent's announcement)."""
-        current = getattr(self.agent, "_fsm_current_preemption", None)
+        current = capability(self.agent, PreemptionHooks._fsm_current_preemption)
         return current() if current is not None else None
 
     def announce_preemption(self, exit_code: int, reason: str) -> int:
@@ -358,29 +371,30 @@ class TorchDriver:
     def progress_mark(self) -> Mark:
         """Where training stands (``fsm_agent._progress``): the best step the workers reported,
         the newest file under the spec's ``checkpoint_path``."""
-        return self.agent._fsm_progress_mark()  # type: ignore[attr-defined, no-any-return]
+        return self.hooks._fsm_progress_mark()
 
     def lost_peers(self) -> tuple[str, ...]:
         """The nodes of the current round known to be lost (``fsm_agent._peers``): what the
         agent's ``_fsm_lost_peers()`` says (the mixin's reads torch's rendezvous keep-alive,
         ``fsm_agent.torch._peers``; a supervisor that learns of a lost machine from its scheduler
         overrides it); none when the agent has no such hook."""
-        ask = getattr(self.agent, "_fsm_lost_peers", None)
+        # asked on every healthy tick of a spec that asks peer_lost: a getattr, not capability()
+        ask: Callable[[], Iterable[str]] | None = getattr(self.agent, _LOST_PEERS, None)
         return tuple(ask()) if ask is not None else ()
 
     def note_progress(self, verdict: dict[str, Any]) -> None:
         """Record whether the attempt that just failed made progress (for the trace)."""
-        self.agent._fsm_note("progress", verdict)  # type: ignore[attr-defined]
+        self.hooks._fsm_note("progress", verdict)
 
     def check_health(self, check: HealthCheck) -> CheckResult:
         """Run a node health check (a spec guard); the result goes to the trace's diagnostics and,
         if it failed, is the reason ``leave_job`` gives."""
         job = self.job
         result = check.run(store=_rendezvous_store(self.worker_group.spec.rdzv_handler),
-                           slate=getattr(self.agent, "_fsm_slate_reason", None),
+                           slate=capability(self.agent, SlateHooks._fsm_slate_reason),
                            quarantined=job.quarantine_mark if job is not None else None)
         self._health.append(result)
-        note = getattr(self.agent, "_fsm_note_health", None)
+        note = capability(self.agent, DiagnosticHooks._fsm_note_health)
         if note is not None:
             note(result)
         return result

@@ -42,7 +42,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from torch.distributed.elastic.timer import FileTimerRequest, FileTimerServer
 
+from fsm_agent._driver import capability
 from fsm_agent.torch._compat import enabled
+from fsm_agent.torch._hooks import AgentHooks
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
@@ -254,7 +256,7 @@ def _stacks_before_kill(agent: Any, pids: dict[int, int], group: WorkerGroup) ->
     except Exception:  # diagnostics must never change what happens to the job
         logger.exception("[%s] could not take the workers' stacks", group.spec.role)
         return {}
-    note = getattr(agent, "_fsm_note", None)
+    note = capability(agent, AgentHooks._fsm_note)
     if note is not None:
         note("stacks", [{"rank": r, "pid": d.pid, "path": d.path, "method": d.method,
                          "error": d.error} for r, d in dumps])

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
+from fsm_agent._driver import capability
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._diagnostics import DiagnosticsMixin
 from fsm_agent.torch._fastpath import state_cache_expiry
 from fsm_agent.torch._hang import HungRank
+from fsm_agent.torch._hooks import TimerHooks
 from fsm_agent.torch._job import JOB_FAILED
 from fsm_agent.torch._wakeup import WorkerExitWaker
 
@@ -97,7 +99,7 @@ class MonitorWaitMixin(DiagnosticsMixin):
             woke = self._fsm_wait(interval)
         quiet.waited(woke)
         if self._fsm_hung_trigger:
-            timer_hangs = getattr(self, "_fsm_timer_hangs", None)
+            timer_hangs = capability(self, TimerHooks._fsm_timer_hangs)
             expired = timer_hangs() if timer_hangs is not None else []
             if expired:
                 return self._fsm_report_hang(expired, source="timer")
