@@ -258,18 +258,6 @@ def with_flags_table(text: str) -> str:
     return "\n".join([*lines[:start], own_flags_table(), *lines[end:]])
 
 
-def write_flags_table(path: str = "docs/cli.md") -> bool:
-    """Rewrite the flag table in ``path`` (:func:`with_flags_table`); ``True`` if that changed
-    it. ``python tools/generated_docs.py`` does this with the docs' other generated tables."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    fresh = with_flags_table(text)
-    if fresh != text:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(fresh)
-    return fresh != text
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")  # a table cell's pipe, even inside backticks
 
