@@ -1,4 +1,4 @@
-"""Measure proposed engine speed-ups without changing ``fsm_agent/_engine.py``.
+"""Measure proposed engine speed-ups without changing ``fsm_agent/_core/_engine.py``.
 
     python bench/engine_proposals.py
 
@@ -41,7 +41,7 @@ def main() -> int:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
     from fsm_agent import Lifecycle, load_spec
-    from fsm_agent._engine import compile_spec
+    from fsm_agent._core._engine import compile_spec
 
     spec = load_spec("torchrun")
     healthy = RunResult(state=WorkerState.HEALTHY)

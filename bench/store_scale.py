@@ -5,8 +5,9 @@
     python bench/store_scale.py --smoke                # N = 16, 64, small windows (seconds)
     python bench/store_scale.py --json OUT             # raw results as JSON
 
-Each simulated agent runs the real code of an agent's job protocol (``fsm_agent._job.JobChannel``
-through ``fsm_agent.torch._job.AgentJob``, not a model): its own ``TCPStore`` client, its
+Each simulated agent runs the real code of an agent's job protocol
+(``fsm_agent._core._job.JobChannel`` through ``fsm_agent.torch._job.AgentJob``, not a model): its
+own ``TCPStore`` client, its
 ``OutcomeWatch`` (a thread blocked in a store wait on a second connection), and, once per
 monitor tick, what a healthy agent asks its job there (``check()``: is the job over; and
 ``restart_count()``: the ``remaining_restarts`` metric). The store's server is a ``TCPStore``
@@ -99,7 +100,7 @@ def _client(conn: Any, port: int, run_id: str, first: int, count: int, mode: str
     threading.stack_size(512 * 1024)  # a thousand watch threads need little stack each
     import torch.distributed as dist
 
-    from fsm_agent._job import JobChannel
+    from fsm_agent._core._job import JobChannel
     from fsm_agent.torch._job import AgentJob, connector
 
     t_imported = time.monotonic()

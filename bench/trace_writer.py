@@ -6,7 +6,7 @@ Times, each as the median of 7 rounds:
 
 - ``step_record`` of a restart step (two torch ``ProcessFailure``s, two actions, a guard) and of
   a healthy tick, against the hand-written record the writer built before the record was derived
-  from ``fsm_agent._trace_schema.STEP_FIELDS`` (kept below as the baseline, run in the same
+  from ``fsm_agent.trace._schema.STEP_FIELDS`` (kept below as the baseline, run in the same
   process);
 - a ``Lifecycle`` with a ``JsonlTraceWriter`` on a real file: a healthy tick (folded: one
   ``pwrite``) and a restart (two appended lines), against the same lifecycle with a listener
@@ -48,12 +48,12 @@ def _paired_medians_us(fns: Mapping[str, Callable[[], None]], n: int, rounds: in
 
 def _failure_json_of_this_checkout() -> Callable[[Any], Any]:
     try:
-        from fsm_agent._step import _failure_json
+        from fsm_agent._core._step import _failure_json
     except ImportError:  # a checkout from before the record's rows moved beside Step
         try:
-            from fsm_agent._trace_schema import _failure_json  # type: ignore[attr-defined,no-redef]
+            from fsm_agent.trace._schema import _failure_json  # type: ignore[attr-defined,no-redef]
         except ImportError:  # a checkout from before the record was derived
-            from fsm_agent._trace import _failure_json  # type: ignore[attr-defined,no-redef]
+            from fsm_agent.trace._writer import _failure_json  # type: ignore[attr-defined,no-redef]
     return _failure_json
 
 
@@ -108,7 +108,7 @@ def measure(smoke: bool) -> dict[str, Any]:
 
     import fsm_agent
     from fsm_agent import ActionRecord, Lifecycle, Step, load_spec
-    from fsm_agent._trace import JsonlTraceWriter, step_record
+    from fsm_agent.trace._writer import JsonlTraceWriter, step_record
 
     global _failure_json
     _failure_json = _failure_json_of_this_checkout()

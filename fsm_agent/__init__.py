@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._clock import Clock, SystemClock, VirtualClock
-from ._drain import Preempted, Preemption
-from ._driver import (
+from ._core._clock import Clock, SystemClock, VirtualClock
+from ._core._drain import Preempted, Preemption
+from ._core._driver import (
     DrainDriver,
     Driver,
     HealthDriver,
@@ -26,8 +26,8 @@ from ._driver import (
     QuarantineDriver,
     StackDriver,
 )
-from ._engine import Lifecycle
-from ._errors import (
+from ._core._engine import Lifecycle
+from ._core._errors import (
     ActionError,
     LifecycleError,
     Problem,
@@ -35,12 +35,12 @@ from ._errors import (
     TriggerInterrupt,
     WorkerGroupFailureException,
 )
-from ._load import load_spec, parse_spec, preset_names
-from ._params import ParamSpec
-from ._progress import progress
-from ._spec import MetricSpec, Spec, StateSpec, TransitionSpec
-from ._step import ActionRecord, Listener, Step
-from ._vocabulary import Context, Kind, KindExample, Vocabulary
+from ._core._load import load_spec, parse_spec, preset_names
+from ._core._params import ParamSpec
+from ._core._progress import progress
+from ._core._spec import MetricSpec, Spec, StateSpec, TransitionSpec
+from ._core._step import ActionRecord, Listener, Step
+from ._core._vocabulary import Context, Kind, KindExample, Vocabulary
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState

@@ -1,6 +1,6 @@
-"""Crash-loop bounds (``fsm_agent._bounds``, ``fsm-agent check --bounds``): how long each preset
-takes to give up and how many restarts it makes, worked out here from the parameters and limits
-(torch's timeouts), never read back from the engine."""
+"""Crash-loop bounds (``fsm_agent._core._bounds``, ``fsm-agent check --bounds``): how long each
+preset takes to give up and how many restarts it makes, worked out here from the parameters and
+limits (torch's timeouts), never read back from the engine."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from fsm_agent import load_spec, parse_spec
-from fsm_agent._bounds import Limits, bounds, bounds_json, format_bounds
-from fsm_agent._health import health_budget
-from fsm_agent._units import format_duration
+from fsm_agent._core._bounds import Limits, bounds, bounds_json, format_bounds
+from fsm_agent._core._health import health_budget
+from fsm_agent._core._units import format_duration
 from fsm_agent.cli import main
 
 LIMITS = Limits(max_restarts=3, monitor_interval=0.5, rendezvous_timeout=120.0,
@@ -220,7 +220,8 @@ def test_the_table_shows_the_limits_the_parameters_and_each_run() -> None:
 def test_bounds_never_import_torch() -> None:
     import subprocess
 
-    code = ("import sys; from fsm_agent import load_spec; from fsm_agent._bounds import bounds;"
+    code = ("import sys; from fsm_agent import load_spec;"
+            " from fsm_agent._core._bounds import bounds;"
             "bounds(load_spec('resilient')); bounds(load_spec('torchelastic'));"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

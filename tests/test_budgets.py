@@ -1,4 +1,4 @@
-"""Budgets per cause (``fsm_agent/_budgets.py``): the spec format (``budgets``, a rule's
+"""Budgets per cause (``fsm_agent/_core/_budgets.py``): the spec format (``budgets``, a rule's
 ``budget``), what the engine counts, the job-wide ledger on the store, and what bounds, diagrams,
 diff, replay and the report say. Real jobs: tests/resilient/test_budgets_run.py."""
 
@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from fsm_agent import Lifecycle, SpecError, Step, VirtualClock, parse_spec
-from fsm_agent._bounds import Limits, bounds, bounds_json, format_bounds
-from fsm_agent._diagram import to_mermaid
-from fsm_agent._diff import diff_specs, format_diff
-from fsm_agent._job import ANY, JobChannel, JobOver, MemoryStore
+from fsm_agent._core._bounds import Limits, bounds, bounds_json, format_bounds
+from fsm_agent._core._job import ANY, JobChannel, JobOver, MemoryStore
+from fsm_agent._readers._diff import diff_specs, format_diff
+from fsm_agent.diagram._render import to_mermaid
 from fsm_agent.testing import RecordingDriver, make_result
 
 MINI = """\
@@ -187,8 +187,8 @@ def test_the_job_ledger_counts_each_budget_once_for_the_job() -> None:
 
 
 def test_a_trace_with_named_budgets_replays_and_reports_them(tmp_path: Path) -> None:
-    from fsm_agent._analysis import analyse
-    from fsm_agent._summary import format_text
+    from fsm_agent._readers._analysis import analyse
+    from fsm_agent._readers._summary import format_text
     from fsm_agent.trace import open_trace, read_trace, replay
 
     path = tmp_path / "t.jsonl"
@@ -217,15 +217,15 @@ def test_a_trace_with_named_budgets_replays_and_reports_them(tmp_path: Path) -> 
 @pytest.mark.parametrize(("text", "value"), [("inf", float("inf")), ("4", 4), ("0", 0)])
 def test_a_count_parameter_takes_an_integer_or_inf_from_the_command_line(text: str,
                                                                          value: float) -> None:
-    from fsm_agent._params import parse_text
+    from fsm_agent._core._params import parse_text
 
     assert parse_text("count", text) == value
 
 
 @pytest.mark.parametrize("text", ["-1", "2.5", "lots"])
 def test_a_count_parameter_refuses_what_is_not_a_count(text: str) -> None:
-    from fsm_agent._params import parse_text
-    from fsm_agent._units import BadValue
+    from fsm_agent._core._params import parse_text
+    from fsm_agent._core._units import BadValue
 
     with pytest.raises(BadValue, match="expected a count"):
         parse_text("count", text)

@@ -1,4 +1,4 @@
-"""The drain's spec pieces on the engine alone (``fsm_agent/_drain.py``): the ``resilient``
+"""The drain's spec pieces on the engine alone (``fsm_agent/_core/_drain.py``): the ``resilient``
 preset's DRAINING and PREEMPTED with a recording driver. The torch agent's side, with real
 processes, is ``tests/reliability/test_preemption.py``."""
 

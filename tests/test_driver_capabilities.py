@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 
 import fsm_agent
-from fsm_agent import _driver
-from fsm_agent._context import Context
-from fsm_agent._drain import Preemption, _drain_workers, _kill_workers, _preemption
-from fsm_agent._health import HealthCheck, LeftJob, _check_guard, _leave_job
-from fsm_agent._params import _DRIVER_METHODS, check_settings
-from fsm_agent._peers import lost_peers
-from fsm_agent._progress import _mark
-from fsm_agent._quarantine import _alone, _failed_first, _quarantine_node
-from fsm_agent._vocabulary import _announce_failure, _capture_stacks
+from fsm_agent._core import _driver
+from fsm_agent._core._context import Context
+from fsm_agent._core._drain import Preemption, _drain_workers, _kill_workers, _preemption
+from fsm_agent._core._health import HealthCheck, LeftJob, _check_guard, _leave_job
+from fsm_agent._core._params import _DRIVER_METHODS, check_settings
+from fsm_agent._core._peers import lost_peers
+from fsm_agent._core._progress import _mark
+from fsm_agent._core._quarantine import _alone, _failed_first, _quarantine_node
+from fsm_agent._core._vocabulary import _announce_failure, _capture_stacks
 
 PKG = Path(fsm_agent.__file__).resolve().parent
 

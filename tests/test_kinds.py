@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fsm_agent import Kind, KindExample, Lifecycle, VirtualClock, Vocabulary, parse_spec
-from fsm_agent._kind_table import spec_format_tables, with_tables
+from fsm_agent._core._kind_table import spec_format_tables, with_tables
 from fsm_agent.testing import RecordingDriver, make_result
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 from torch.distributed.elastic.agent.server.api import WorkerState
 
 from fsm_agent import Lifecycle, LifecycleError, Preemption, VirtualClock
-from fsm_agent._progress import Mark
+from fsm_agent._core._progress import Mark
 from fsm_agent.testing import RecordingDriver, ReferenceRun, ScriptedRandom
 from fsm_agent.testing._compare import compare_traces, same_calls
 from fsm_agent.testing._reference import RESILIENT_DEFAULTS, Pending, Raised, Returned, Trace

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fsm_agent import Lifecycle, LifecycleError, SpecError, Step, VirtualClock, parse_spec
-from fsm_agent._params import parse_text
+from fsm_agent._core._params import parse_text
 from fsm_agent.testing import RecordingDriver, make_result
 
 NO_JITTER = {"backoff_jitter": 0}

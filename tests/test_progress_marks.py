@@ -1,4 +1,4 @@
-"""The pieces of progress across attempts (``fsm_agent/_progress.py``) on their own: marks,
+"""The pieces of progress across attempts (``fsm_agent/_core/_progress.py``) on their own: marks,
 the worker's helper, the checkpoint glob's bounds. The decisions, with real jobs, are
 ``tests/resilient/test_progress.py``."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import fsm_agent
-from fsm_agent._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
+from fsm_agent._core._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
 
 
 @pytest.mark.parametrize(("before", "after", "moved"), [

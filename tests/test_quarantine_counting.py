@@ -1,6 +1,6 @@
-"""Quarantine's counting (``fsm_agent/_quarantine.py``, the ``resilient`` preset's rule
+"""Quarantine's counting (``fsm_agent/_core/_quarantine.py``, the ``resilient`` preset's rule
 ``quarantine``), on the engine with the recording driver and virtual time; the mark on the job's
-store (``fsm_agent._job``). Which rule the guard kind shadows: ``tests/test_policy.py``. Real
+store (``fsm_agent._core._job``). Which rule the guard kind shadows: ``tests/test_policy.py``. Real
 agents on loopback are in ``tests/torch/test_quarantine.py``."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ pytest.importorskip("torch")
 
 
 from fsm_agent import Lifecycle
-from fsm_agent._clock import VirtualClock
-from fsm_agent._health import LeftJob
-from fsm_agent._job import JobChannel, MemoryStore
+from fsm_agent._core._clock import VirtualClock
+from fsm_agent._core._health import LeftJob
+from fsm_agent._core._job import JobChannel, MemoryStore
 from fsm_agent.testing import RecordingDriver
 from fsm_agent.testing._recording import make_result
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsm_agent import Spec, SpecError, parse_spec
-from fsm_agent._spec import MAX_SPEC_BYTES
+from fsm_agent._core._spec import MAX_SPEC_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = [

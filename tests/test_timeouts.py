@@ -1,4 +1,4 @@
-"""Timeouts checked across layers (``fsm_agent/_timeouts.py``, ``fsm-agent check --bounds``):
+"""Timeouts checked across layers (``fsm_agent/_core/_timeouts.py``, ``fsm-agent check --bounds``):
 every rule catches the broken spec of ``tests/specs/bad/timeouts/`` at the line its header names,
 and only that rule fails there; the same spec unbroken and the shipped presets pass every rule."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import load_spec
-from fsm_agent._params import bind_params
-from fsm_agent._timeouts import RULES, Layers, check_timeouts
+from fsm_agent._core._params import bind_params
+from fsm_agent._core._timeouts import RULES, Layers, check_timeouts
 from fsm_agent.cli.check import main
 
 HERE = Path(__file__).parent

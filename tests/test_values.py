@@ -1,6 +1,6 @@
-"""Durations and sizes (``fsm_agent._units``): the text each parser reads, and what each formatter
-writes. The formatters' outputs are the CLI's, the report's and the docs' text: every expected
-string here is one a caller shows, written out by hand."""
+"""Durations and sizes (``fsm_agent._core._units``): the text each parser reads, and what each
+formatter writes. The formatters' outputs are the CLI's, the report's and the docs' text: every
+expected string here is one a caller shows, written out by hand."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from fsm_agent._params import parse_text
-from fsm_agent._units import (
+from fsm_agent._core._params import parse_text
+from fsm_agent._core._units import (
     BadValue,
     check_seconds,
     format_bytes,

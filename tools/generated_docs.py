@@ -7,9 +7,9 @@ Each page's tables come from one function of the package, ``text -> text``, that
 marked tables and leaves the page's own prose as it is:
 
 - docs/spec-format.md's guard and action kinds, from each ``Kind``
-  (``fsm_agent._kind_table.with_tables``);
-- docs/diagrams.md's trace record fields, from ``fsm_agent/_trace_schema.py`` and
-  ``fsm_agent/_step.py`` (``fsm_agent._trace_schema.with_trace_tables``);
+  (``fsm_agent._core._kind_table.with_tables``);
+- docs/diagrams.md's trace record fields, from ``fsm_agent/trace/_schema.py`` and
+  ``fsm_agent/_core/_step.py`` (``fsm_agent.trace._schema.with_trace_tables``);
 - docs/cli.md's ``fsm-agent run`` flags, from the parser and ``AgentOptions``
   (``fsm_agent.cli.run.with_flags_table``).
 
@@ -29,9 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def generators() -> list[tuple[str, str, Callable[[str], str]]]:
     """(what, page, how its tables are made) for every generated table of the docs."""
     sys.path.insert(0, str(ROOT))  # this checkout's package, installed or not
-    from fsm_agent._kind_table import with_tables
-    from fsm_agent._trace_schema import with_trace_tables
+    from fsm_agent._core._kind_table import with_tables
     from fsm_agent.cli.run import with_flags_table
+    from fsm_agent.trace._schema import with_trace_tables
 
     return [("kinds", "docs/spec-format.md", with_tables),
             ("trace fields", "docs/diagrams.md", with_trace_tables),

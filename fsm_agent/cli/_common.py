@@ -22,13 +22,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from .._errors import SpecError
-from .._load import load_spec, preset_names
-from .._spec import Spec
-from .._vocabulary import Vocabulary
+from .._core._errors import SpecError
+from .._core._load import load_spec, preset_names
+from .._core._spec import Spec
+from .._core._vocabulary import Vocabulary
 
 if TYPE_CHECKING:
-    from .._trace import Trace
+    from ..trace._writer import Trace
 
 __all__ = [
     "DEFAULT_SPEC",
@@ -108,7 +108,7 @@ def print_json(command: str, body: dict[str, Any]) -> None:
 
 def run_command(prog: str, body: Callable[[list[str]], int], argv: Sequence[str]) -> int:
     """Run one subcommand's ``body(argv)``; turn its errors into a line on stderr and a code."""
-    from .._files import printable_lines
+    from .._core._files import printable_lines
 
     try:
         return int(body(list(argv)))
@@ -125,7 +125,7 @@ def seconds_arg(positive: bool) -> Callable[[str], float]:
     """An argparse ``type``: a finite duration (``1.5``, ``500ms``, ``5s``, ``10m``), more
     than 0 if ``positive``."""
     def parse(text: str) -> float:
-        from .._units import BadValue, parse_duration
+        from .._core._units import BadValue, parse_duration
 
         try:
             value = parse_duration(text)
@@ -351,7 +351,7 @@ def load_spec_arg(args: argparse.Namespace, value: str | None = None, *,
 
 def read_trace_arg(path: str) -> list[Trace]:
     """The lifecycles of a trace file; a missing or malformed file is a :class:`UsageError`."""
-    from .._trace import TraceError, read_trace
+    from ..trace._writer import TraceError, read_trace
 
     try:
         return read_trace(path)
@@ -365,8 +365,8 @@ def spec_for_trace(args: argparse.Namespace, trace_path: str, traces: Sequence[T
 
     A trace is untrusted input: no file it names is ever opened (``_replay.trace_spec``).
     """
-    from .._files import printable
-    from .._replay import UntrustedSpec, trace_spec
+    from .._core._files import printable
+    from ..trace._replay import UntrustedSpec, trace_spec
 
     # The vocabulary the run used (--vocabulary): named in the header, never imported from it.
     vocab = traces[0].header.get("vocabulary") if traces else None

@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .._templatefile import load, reserve_sentinel_token
+from .._core._templatefile import load, reserve_sentinel_token
 
 TOKEN_VAR = "FSM_AGENT_SENTINEL"  # fsm_agent.torch._sentinel's (that module imports torch)
 

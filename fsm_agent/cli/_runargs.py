@@ -55,7 +55,7 @@ def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse
 
 
 def _seconds(flag: str, value: object) -> None:
-    from .._units import BadValue, check_seconds
+    from .._core._units import BadValue, check_seconds
 
     try:
         check_seconds(value)
@@ -160,7 +160,7 @@ def _trace_file(value: str | None) -> None:
     """``--trace``: a regular file or a new one; a FIFO would block, a device never fills."""
     if not value:
         return
-    from .._files import require_regular
+    from .._core._files import require_regular
 
     try:
         require_regular(value, missing_ok=True)

@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._errors import SpecError
-from .._load import preset_names
+from .._core._errors import SpecError
+from .._core._load import preset_names
 from ._common import (
     FAILED,
     OK,
@@ -118,15 +118,15 @@ def _limits(args: argparse.Namespace) -> Any:
         if used:
             raise UsageError(f"{used[0]} goes with --bounds")
         return None
-    from .._bounds import Limits
+    from .._core._bounds import Limits
 
     values: dict[str, Any] = {k: _LIMIT_DEFAULTS[k] if v is None else v for k, v in given.items()}
     return Limits(**values)
 
 
 def _layers(args: argparse.Namespace, limits: Any) -> Any:
-    """The timeouts around the agent, for the rules of ``fsm_agent._timeouts``."""
-    from .._timeouts import Layers
+    """The timeouts around the agent, for the rules of ``fsm_agent._core._timeouts``."""
+    from .._core._timeouts import Layers
 
     default = Layers()
     return Layers(
@@ -138,7 +138,7 @@ def _layers(args: argparse.Namespace, limits: Any) -> Any:
 
 
 def _check(argv: list[str]) -> int:
-    from .._params import format_param
+    from .._core._params import format_param
 
     args = build_parser().parse_args(argv)
     limits = _limits(args)
@@ -175,8 +175,8 @@ def _check(argv: list[str]) -> int:
                      params={p.name: format_param(p.type, values[p.name])
                              for p in sorted(spec.params, key=lambda p: p.name)})
         if limits is not None:
-            from .._bounds import bounds, bounds_json, format_bounds
-            from .._timeouts import check_timeouts, format_findings
+            from .._core._bounds import bounds, bounds_json, format_bounds
+            from .._core._timeouts import check_timeouts, format_findings
 
             found = bounds(spec, values, limits)
             entry["bounds"] = bounds_json(spec, found, limits, values)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .._engine import Lifecycle, Step
-from .._errors import WorkerGroupFailureException
-from .._spec import STATE_NAMES
+from .._core._engine import Lifecycle, Step
+from .._core._errors import WorkerGroupFailureException
+from .._core._spec import STATE_NAMES
 from ..testing import RecordingDriver
 from ._common import (
     FAILED,

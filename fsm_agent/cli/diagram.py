@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .._load import preset_names
+from .._core._load import preset_names
 from ._common import (
     DEFAULT_SPEC,
     FAILED,
@@ -27,7 +27,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from .._diagram import Highlight
+    from ..diagram._render import Highlight
 
 __all__ = ["DIAGRAMS_DIR", "REGENERATE_COMMAND", "build_parser", "main"]
 
@@ -45,7 +45,7 @@ EXAMPLES = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fsm-agent diagram`` command line."""
-    from .._diagram import FORMATS
+    from ..diagram._render import FORMATS
 
     parser = make_parser(
         PROG, "Draw a spec as a state diagram: every edge 'trigger [guards] / actions', entry "
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _diagram(argv: list[str]) -> int:
-    from .._diagram import EXTENSIONS, DiagramEngineMissing, regenerate, render
+    from ..diagram._render import EXTENSIONS, DiagramEngineMissing, regenerate, render
 
     args = build_parser().parse_args(argv)
 
@@ -115,9 +115,9 @@ def _diagram(argv: list[str]) -> int:
 
     highlight = None
     if args.trace:
-        from .._diagram import highlight_from_replay
-        from .._files import printable
-        from .._replay import replay
+        from .._core._files import printable
+        from ..diagram._render import highlight_from_replay
+        from ..trace._replay import replay
 
         traces = read_trace_arg(args.trace)
         spec = spec_for_trace(args, args.trace, traces, args.spec, "SPEC")
@@ -157,7 +157,7 @@ def _diagram(argv: list[str]) -> int:
 
 def _merge(hs: Sequence[Highlight]) -> Highlight:
     """Several lifecycles of one trace file drawn as one path: counts add up."""
-    from .._diagram import Highlight
+    from ..diagram._render import Highlight
 
     if len(hs) == 1:
         return hs[0]

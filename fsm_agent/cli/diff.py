@@ -9,8 +9,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .._errors import SpecError
-from .._spec import Spec
+from .._core._errors import SpecError
+from .._core._spec import Spec
 from ._common import (
     FAILED,
     OK,
@@ -57,7 +57,7 @@ def _load(args: argparse.Namespace, value: str, flag: str) -> Spec:
 
 
 def _diff(argv: list[str]) -> int:
-    from .._diff import diff_specs, format_diff
+    from .._readers._diff import diff_specs, format_diff
 
     args = build_parser().parse_args(argv)
     a = _load(args, args.spec_a, "SPEC_A")

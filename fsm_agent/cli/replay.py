@@ -24,7 +24,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from .._replay import ReplayResult
+    from ..trace._replay import ReplayResult
 
 __all__ = ["build_parser", "main"]
 
@@ -76,10 +76,10 @@ def _lifecycle_json(index: int, res: ReplayResult) -> dict[str, Any]:
 
 
 def _replay(argv: list[str]) -> int:
-    from .._analysis import analyse
-    from .._files import printable_lines as safe  # trace fields: no escapes, no huge lines
-    from .._replay import replay, summary
-    from .._summary import detail_lines
+    from .._core._files import printable_lines as safe  # trace fields: no escapes, no huge lines
+    from .._readers._analysis import analyse
+    from .._readers._summary import detail_lines
+    from ..trace._replay import replay, summary
 
     args = build_parser().parse_args(argv)
     traces = read_trace_arg(args.trace)

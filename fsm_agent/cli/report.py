@@ -1,8 +1,9 @@
 """``fsm-agent report TRACE... [-o report.html | --format text]``: what happened in a job.
 
 Reads the traces of every agent of a job (``fsm-agent run --trace`` on each node) and writes one
-self-contained HTML page (``fsm_agent._report``) or prints the summary (``--format text``). No
-torch import. Exit 0 when the report was written (whatever the job's outcome), 2 on bad input.
+self-contained HTML page (``fsm_agent._readers._report``) or prints the summary (``--format
+text``). No torch import. Exit 0 when the report was written (whatever the job's outcome), 2 on bad
+input.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from ._common import (
 from ._common import spec_for_trace as _spec_for_trace
 
 if TYPE_CHECKING:
-    from .._spec import Spec
-    from .._trace import Trace
+    from .._core._spec import Spec
+    from ..trace._writer import Trace
 
 __all__ = ["build_parser", "main"]
 
@@ -59,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(argv: list[str]) -> int:
-    from .._analysis import analyse
-    from .._summary import format_text
+    from .._readers._analysis import analyse
+    from .._readers._summary import format_text
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -80,7 +81,7 @@ def _report(argv: list[str]) -> int:
             traces.append(t)
     analysis = analyse(traces, specs)
     if fmt == "text":
-        from .._report import root_stderr_text
+        from .._readers._report import root_stderr_text
 
         sys.stdout.write(format_text(analysis)
                          + "".join(f"{line}\n" for line in root_stderr_text(analysis,
@@ -103,10 +104,10 @@ def _report(argv: list[str]) -> int:
 
 def _html(analysis: object, traces: Sequence[Trace], specs: dict[int, Spec],
           sources: Sequence[str], log_dirs: Sequence[str] = ()) -> str:
-    from .._analysis import JobAnalysis
-    from .._diagram import DiagramEngineMissing, Highlight, highlight_from_replay, render
-    from .._replay import replay
-    from .._report import render_html
+    from .._readers._analysis import JobAnalysis
+    from .._readers._report import render_html
+    from ..diagram._render import DiagramEngineMissing, Highlight, highlight_from_replay, render
+    from ..trace._replay import replay
     from .diagram import _merge
 
     assert isinstance(analysis, JobAnalysis)

@@ -23,15 +23,15 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._drain import Preempted
-from .._errors import SpecError
-from .._health import LeftJob
-from .._load import preset_names
-from .._summary import RunRecorder, format_text
-from .._trace import TraceWriter
+from .._core._drain import Preempted
+from .._core._errors import SpecError
+from .._core._health import LeftJob
+from .._core._load import preset_names
+from .._readers._summary import RunRecorder, format_text
 from ..torch._job import JobFailed
 from ..torch._launch import launch
 from ..torch._options import AgentOptions
+from ..trace._writer import TraceWriter
 from ._common import (
     FAILED,
     OK,
@@ -141,7 +141,7 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def _size(text: str) -> int:
-    from .._units import parse_size
+    from .._core._units import parse_size
 
     try:
         size = parse_size(text)
@@ -286,7 +286,7 @@ def _failure_exit_code(ref: _AgentRef) -> int:
 def _check_health_budget(spec: Any, config: Any, params: dict[str, Any] | None) -> None:
     """The spec's health checks must fit the rendezvous join timeout: the other nodes wait for
     this one in the rendezvous while it runs them."""
-    from .._health import health_budget
+    from .._core._health import health_budget
 
     budget = health_budget(spec, params)
     if not budget:

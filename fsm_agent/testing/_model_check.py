@@ -29,8 +29,8 @@ from pathlib import Path
 
 import attrs
 
-from .._load import load_spec
-from .._spec import Spec
+from .._core._load import load_spec
+from .._core._spec import Spec
 
 __all__ = [
     "JOB_FAILED",
@@ -63,7 +63,7 @@ _MODEL_ACTIONS = {
     "capture_stacks": (),
     # quarantine's count of the node's own failures: local to the agent, no store operation
     "count_own_failure": (),
-    # a drain (fsm_agent._drain): the workers end as the drain says; raise_preempted only ends
+    # a drain (fsm_agent._core._drain): the workers end as the drain says; raise_preempted only ends
     "kill_workers": ("kill_workers",),
     "raise_preempted": (),
 }
@@ -71,8 +71,8 @@ _MODEL_ACTIONS = {
 _KIND_ACTIONS = {
     "announce_preemption": ("announce_preemption",),
     "drain_workers": ("drain_workers",),
-    # a named budget's restart (fsm_agent._budgets) is a claim on the same ledger, with the same
-    # compare_set, ride-along and announcement: the model checks it as the default budget's
+    # a named budget's restart (fsm_agent._core._budgets) is a claim on the same ledger, with the
+    # same compare_set, ride-along and announcement: the model checks it as the default budget's
     "consume_budget": ("consume_restart",),
 }
 # Guards the model knows by their kind: a named budget's "a restart is left" is the default

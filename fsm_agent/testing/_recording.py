@@ -6,9 +6,9 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .._drain import Preemption
-from .._engine import _torch_types
-from .._progress import Mark
+from .._core._drain import Preemption
+from .._core._engine import _torch_types
+from .._core._progress import Mark
 
 __all__ = ["Call", "RecordingDriver", "ScriptExhausted", "ScriptedRandom", "make_result"]
 
@@ -92,11 +92,11 @@ class RecordingDriver:
     of successive ``exit_barrier()`` calls, each ``None`` (passes) or an exception to raise.
     ``raises``: a method name mapped to an exception raised on every call of it (a failing hook).
     ``preemption``: what ``preemption()`` answers (a ``fsm_agent.Preemption``: the drain actions
-    of ``fsm_agent._drain`` read it); ``drain_workers``, ``kill_workers`` and
+    of ``fsm_agent._core._drain`` read it); ``drain_workers``, ``kill_workers`` and
     ``announce_preemption`` are recorded (the last answers with the code it was given, or
     ``announced`` when set: another agent's code that won). ``mark``: what ``progress_mark()``
-    answers (a ``fsm_agent._progress.Mark``, where training stands; None: no source), which the
-    test may change between ticks.
+    answers (a ``fsm_agent._core._progress.Mark``, where training stands; None: no source), which
+    the test may change between ticks.
     """
 
     def __init__(

@@ -31,9 +31,9 @@ from typing import Any
 
 import attrs
 
-from .._clock import VirtualClock
-from .._drain import Preemption
-from .._progress import Mark
+from .._core._clock import VirtualClock
+from .._core._drain import Preemption
+from .._core._progress import Mark
 from ._agent_shape import (
     SCRIPTED_HOOKS,
     HarnessError,
@@ -207,7 +207,8 @@ class _Recorder:
         self.clock.pass_time(seconds)
         return None
 
-    # -- a drain, and progress (fsm_agent._drain, fsm_agent._progress) --------------------------
+    # -- a drain, and progress (fsm_agent._core._drain, fsm_agent._core._progress)
+    # --------------------------
 
     def preemption(self) -> Preemption | None:
         """The preemption delivered (None before)."""
@@ -384,7 +385,7 @@ def _patched(recorder: _Recorder, routes: Sequence[Route] = (),
 
     # A lifecycle built without a clock or a random source (inside an agent, say) uses the
     # engine's defaults: the system clock (time.monotonic, routed above) and this one.
-    engine = sys.modules.get("fsm_agent._engine")
+    engine = sys.modules.get("fsm_agent._core._engine")
     saved_rng = getattr(engine, "_RNG", None)
 
     saved = [(r, r.namespace[r.name]) for r in every.values() if r.name in r.namespace]

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from hypothesis import strategies as st
 
-from .._params import format_value
+from .._core._params import format_value
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState

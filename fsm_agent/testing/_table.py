@@ -6,7 +6,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._units import format_offset
+from .._core._units import format_offset
 from ._compare import same_calls
 from ._reference import (
     Event,

@@ -24,13 +24,13 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
 from fsm_agent import Lifecycle, Listener, Spec, Step, WorkerGroupFailureException, load_spec
-from fsm_agent._budgets import DEFAULT_BUDGET, budget_used
-from fsm_agent._drain import PREEMPTED_TRIGGER
-from fsm_agent._job import LINGER_TIMEOUT
-from fsm_agent._params import bind_params
-from fsm_agent._peers import PEER_LOST_GUARD
-from fsm_agent._policy import rule_budgets
-from fsm_agent._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
+from fsm_agent._core._budgets import DEFAULT_BUDGET, budget_used
+from fsm_agent._core._drain import PREEMPTED_TRIGGER
+from fsm_agent._core._job import LINGER_TIMEOUT
+from fsm_agent._core._params import bind_params
+from fsm_agent._core._peers import PEER_LOST_GUARD
+from fsm_agent._core._policy import rule_budgets
+from fsm_agent._core._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
 from fsm_agent.torch._compat import require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
@@ -465,7 +465,7 @@ class LifecycleAgentMixin(MonitorWaitMixin):
         if job is not None:
             job.rendezvous_poll(restart=self._fsm_restart_pending)
 
-    # -- progress across attempts (fsm_agent._progress) --------------------------------------
+    # -- progress across attempts (fsm_agent._core._progress) --------------------------------------
 
     def _fsm_reported_steps(self) -> dict[int, int]:
         """The step each local rank last reported (``fsm_agent.progress``)."""

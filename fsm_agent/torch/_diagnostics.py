@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
-from fsm_agent._progress import note_attempt_end
-from fsm_agent._trace_schema import DIAGNOSTICS
+from fsm_agent._core._progress import note_attempt_end
 from fsm_agent.torch._hang import (
     HUNG_TRIGGER,
     HungRank,
@@ -19,6 +18,7 @@ from fsm_agent.torch._hang import (
     merge_suspects,
     take_stacks,
 )
+from fsm_agent.trace._schema import DIAGNOSTICS
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import WorkerGroup
@@ -68,7 +68,7 @@ class DiagnosticsMixin:
 
     def _fsm_note(self, key: str, value: Any) -> None:
         if key not in DIAGNOSTICS:  # the readers know only the declared records
-            raise ValueError(f"undeclared diagnostics record {key!r} (fsm_agent._trace_schema)")
+            raise ValueError(f"undeclared diagnostics record {key!r} (fsm_agent.trace._schema)")
         if self._fsm_diagnostics is None:
             self._fsm_diagnostics = {}
         self._fsm_diagnostics[key] = value

@@ -1,6 +1,6 @@
 """Preemption for torch's agent: a drain signal becomes the spec's ``preempted`` trigger.
 
-A spec that declares the triggers ``preempted`` and ``drained`` (``fsm_agent._drain``) and the
+A spec that declares the triggers ``preempted`` and ``drained`` (``fsm_agent._core._drain``) and the
 parameter ``drain_on`` (signal names) has :class:`DrainMixin` install a handler for those signals
 for the whole ``run()``: from its start, before the first rendezvous, and again after every start
 of the workers (torch's ``PContext.start`` puts its own ``SIGTERM`` handler back each time).
@@ -51,13 +51,13 @@ from typing import Any
 import attrs
 from torch.distributed.elastic.multiprocessing import SignalException
 
-from fsm_agent._drain import (
+from fsm_agent._core._drain import (
     DRAINED_TRIGGER,
     PREEMPTED_TRIGGER,
     Preemption,
     signal_number,
 )
-from fsm_agent._errors import TriggerInterrupt
+from fsm_agent._core._errors import TriggerInterrupt
 from fsm_agent.torch._job import JOB_FAILED
 
 __all__ = ["DRAIN_ON_PARAM", "DrainMixin"]

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch.distributed.elastic.metrics.api import NullMetricHandler as _NullMetricHandler
 from torch.distributed.elastic.metrics.api import getStream as _get_stream
 
-from fsm_agent._drain import PREEMPTED_OUTCOME, Preemption
-from fsm_agent._driver import capability
-from fsm_agent._health import CheckResult, HealthCheck
-from fsm_agent._job import ANY
-from fsm_agent._peers import describe_lost
-from fsm_agent._progress import Mark
+from fsm_agent._core._drain import PREEMPTED_OUTCOME, Preemption
+from fsm_agent._core._driver import capability
+from fsm_agent._core._health import CheckResult, HealthCheck
+from fsm_agent._core._job import ANY
+from fsm_agent._core._peers import describe_lost
+from fsm_agent._core._progress import Mark
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._errorfiles import tolerant_error_files
 from fsm_agent.torch._fastpath import cached_nodes_waiting
@@ -369,12 +369,12 @@ class TorchDriver:
         return self.job.announce(exit_code, reason, outcome=PREEMPTED_OUTCOME).exit_code
 
     def progress_mark(self) -> Mark:
-        """Where training stands (``fsm_agent._progress``): the best step the workers reported,
-        the newest file under the spec's ``checkpoint_path``."""
+        """Where training stands (``fsm_agent._core._progress``): the best step the workers
+        reported, the newest file under the spec's ``checkpoint_path``."""
         return self.hooks._fsm_progress_mark()
 
     def lost_peers(self) -> tuple[str, ...]:
-        """The nodes of the current round known to be lost (``fsm_agent._peers``): what the
+        """The nodes of the current round known to be lost (``fsm_agent._core._peers``): what the
         agent's ``_fsm_lost_peers()`` says (the mixin's reads torch's rendezvous keep-alive,
         ``fsm_agent.torch._peers``; a supervisor that learns of a lost machine from its scheduler
         overrides it); none when the agent has no such hook."""
@@ -400,14 +400,14 @@ class TorchDriver:
         return result
 
     def quarantine(self, reason: str) -> None:
-        """Mark this node quarantined on the job's store (``fsm_agent._quarantine``); a node
+        """Mark this node quarantined on the job's store (``fsm_agent._core._quarantine``); a node
         without a job of several agents has nowhere to mark it, and simply leaves."""
         if self.job is not None:
             self.job.quarantine(reason)
 
     def failed_first(self) -> bool:
         """Whether this node's failure is the first of its round in the job (quarantine counts
-        only those: ``fsm_agent._quarantine``); alone, every failure is."""
+        only those: ``fsm_agent._core._quarantine``); alone, every failure is."""
         return True if self.job is None else self.job.failed_first()
 
     def health_reason(self) -> str | None:
@@ -415,7 +415,7 @@ class TorchDriver:
         failed = [r for r in self._health if not r.ok]
         return f"{failed[-1].name}: {failed[-1].reason}" if failed else None
 
-    # -- JobDriver (fsm_agent._driver): a job of several agents ---------------------------
+    # -- JobDriver (fsm_agent._core._driver): a job of several agents ---------------------------
 
     @property
     def has_job(self) -> bool:

@@ -1,6 +1,7 @@
 """The job protocol on torch's etcd rendezvous backends (``etcd`` and ``etcd-v2``).
 
-The protocol (``fsm_agent._job``) needs a store every agent shares before the first round, with
+The protocol (``fsm_agent._core._job``) needs a store every agent shares before the first round,
+with
 ``set``, ``get``, ``add``, ``check`` and an atomic ``compare_set``. The c10d backend's
 ``TCPStore`` has them all. On etcd torch gives less:
 
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from fsm_agent._job import StoreTimeout
+from fsm_agent._core._job import StoreTimeout
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ def _lost_as_connection_error(method: Callable[..., T]) -> Callable[..., T]:
 
 
 class EtcdJobStore:
-    """``fsm_agent._job.Store`` on an etcd (v2 API) client, under ``prefix``.
+    """``fsm_agent._core._job.Store`` on an etcd (v2 API) client, under ``prefix``.
 
     ``timeout`` is what ``get`` waits for an absent key, and the bound of every call
     (``fsm_agent.torch._bounded`` reads it as the store's ``timeout``).

@@ -36,7 +36,7 @@ from typing import Any
 
 import attrs
 
-from fsm_agent._files import printable
+from fsm_agent._core._files import printable
 from fsm_agent.torch._stacks import StackDump, capture_stacks, parse_main_thread
 
 __all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "Suspects", "encode_suspects",

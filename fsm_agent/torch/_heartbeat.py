@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 from torch.distributed.elastic.timer import FileTimerRequest, FileTimerServer
 
-from fsm_agent._driver import capability
+from fsm_agent._core._driver import capability
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._hooks import AgentHooks
 

@@ -4,7 +4,7 @@ The driver is built by ``LifecycleAgentMixin`` on the agent it serves, which may
 ``SimpleElasticAgent`` subclass with only that mixin. What every such agent has, the driver
 calls directly (:class:`AgentHooks`, typed on ``TorchDriver``); what comes from the other mixins
 of ``FSMElasticAgent``, or that a subclass may override or remove, it asks for one method at a
-time with ``fsm_agent._driver.capability(agent, SlateHooks._fsm_slate_reason)``, and does
+time with ``fsm_agent._core._driver.capability(agent, SlateHooks._fsm_slate_reason)``, and does
 without when the agent has none. ``fsm_agent/torch/_agent.py`` has mypy check that
 ``FSMElasticAgent`` and each mixin implement them with these types. The names are kept: a
 subclass may override ``_fsm_lost_peers`` (docs/spec-format.md, "Budgets per cause").
@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from fsm_agent._drain import Preemption
-    from fsm_agent._health import CheckResult
-    from fsm_agent._progress import Mark
+    from fsm_agent._core._drain import Preemption
+    from fsm_agent._core._health import CheckResult
+    from fsm_agent._core._progress import Mark
 
 __all__ = ["AgentHooks", "DiagnosticHooks", "PeerHooks", "PreemptionHooks", "SlateHooks",
            "TimerHooks", "asks_peers"]
@@ -33,7 +33,7 @@ class AgentHooks(Protocol):
         """Add ``value`` to the trace's next record, as diagnostics record ``key``."""
 
     def _fsm_progress_mark(self) -> Mark:
-        """Where training stands (``fsm_agent._progress``)."""
+        """Where training stands (``fsm_agent._core._progress``)."""
         ...
 
     def _fsm_drain_workers(self, signum: int) -> None:

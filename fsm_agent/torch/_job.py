@@ -1,4 +1,5 @@
-"""The torch agent's side of the job protocol (``fsm_agent._job``), on the c10d rendezvous store.
+"""The torch agent's side of the job protocol (``fsm_agent._core._job``), on the c10d rendezvous
+store.
 
 :class:`AgentJob` is created at ``run()`` when the rendezvous may hold more than one node and its
 handler has a store before the first rendezvous that every agent shares (torch's c10d
@@ -8,12 +9,13 @@ torch's). It is what the agent calls wherever it waits:
 
 - between two monitor ticks and in a backoff (``LifecycleAgentMixin._monitor_wait``): the wait
   returns ``job_failed`` once the outcome is known, which the lifecycle fires. The outcome comes
-  from a watch (:meth:`AgentJob.start_watch`, ``fsm_agent._job.OutcomeWatch``: a thread blocked
-  in a store wait on a connection of its own, which ends the agent's wait when the outcome is
-  announced), so the waits ask the store nothing; without one (a store that cannot be cloned)
+  from a watch (:meth:`AgentJob.start_watch`, ``fsm_agent._core._job.OutcomeWatch``: a thread
+  blocked in a store wait on a connection of its own, which ends the agent's wait when the outcome
+  is announced), so the waits ask the store nothing; without one (a store that cannot be cloned)
   the wait is cut into slices of at most ``POLL_INTERVAL``, each a look at the store;
 - in a rendezvous: torch's join loop calls :meth:`rendezvous_poll` between two looks at the
-  rendezvous state (``fast_rendezvous(poll=...)``); it raises :class:`fsm_agent._job.JobOver`, a
+  rendezvous state (``fast_rendezvous(poll=...)``); it raises
+  :class:`fsm_agent._core._job.JobOver`, a
   ``TriggerInterrupt``: the engine abandons the transition and takes ``job_failed`` from the
   state it was in (INIT, STOPPED, BACKOFF's timeout);
 - at the exit barrier: the barrier's own poll loop asks :meth:`over`, and ends early.
@@ -40,7 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsm_agent._job import (
+from fsm_agent._core._job import (
     JOB_FAILED,
     LINGER_TIMEOUT,
     POLL_INTERVAL,
@@ -65,7 +67,7 @@ STORE_ERRORS: tuple[type[BaseException], ...] = (RuntimeError, OSError)
 LEDGER_REFRESH = 30.0
 
 
-#: The store operations the job protocol calls (``fsm_agent._job.Store``).
+#: The store operations the job protocol calls (``fsm_agent._core._job.Store``).
 NEEDED = ("add", "compare_set", "check", "get", "set")
 
 
@@ -237,7 +239,8 @@ class AgentJob:
         job.connect = connect
         return job
 
-    # -- quarantine (fsm_agent._quarantine) ----------------------------------------------------
+    # -- quarantine (fsm_agent._core._quarantine)
+    # ----------------------------------------------------
 
     def quarantine(self, reason: str) -> None:
         """Mark this node quarantined for the rest of the job (a store error is logged: the

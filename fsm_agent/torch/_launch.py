@@ -107,8 +107,8 @@ def launch(
     Raises ``ChildFailedError`` when the workers failed (both presets: the ``torchelastic``
     preset's ``WorkerGroupFailureException`` is turned into one, so the root-cause summary and
     error-file handling of ``@record`` apply), ``SignalException`` on a termination signal,
-    ``fsm_agent._health.LeftJob`` when the spec had this node leave the job (a failed health
-    check: the rendezvous is left open for the other nodes), ``fsm_agent._drain.Preempted``
+    ``fsm_agent._core._health.LeftJob`` when the spec had this node leave the job (a failed health
+    check: the rendezvous is left open for the other nodes), ``fsm_agent._core._drain.Preempted``
     after a drain (its ``exit_code`` is the one every agent of the job ends with).
     The exit code the spec asked for on failure (``set_exit_code``: the ``resilient`` preset's
     ``no_requeue_exit_code``) is ``agent.lifecycle.exit_code`` (``on_agent`` gives the agent).
@@ -127,8 +127,8 @@ def launch(
     from torch.distributed.launcher.api import _get_addr_and_port, _get_entrypoint_name
 
     from fsm_agent import LifecycleError, WorkerGroupFailureException
-    from fsm_agent._drain import Preempted
-    from fsm_agent._health import LeftJob
+    from fsm_agent._core._drain import Preempted
+    from fsm_agent._core._health import LeftJob
     from fsm_agent.torch._agent import FSMElasticAgent, rendezvous_over
     from fsm_agent.torch._job import JobFailed
     from fsm_agent.torch._loopback import loopback_rendezvous_handler

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousGracefulExitError
 
-from fsm_agent._driver import capability
+from fsm_agent._core._driver import capability
 from fsm_agent.torch._compat import enabled
 from fsm_agent.torch._diagnostics import DiagnosticsMixin
 from fsm_agent.torch._fastpath import state_cache_expiry

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from fsm_agent._units import check_seconds
+from fsm_agent._core._units import check_seconds
 from fsm_agent.torch._preload import check_module_names
 
 if TYPE_CHECKING:

@@ -1,5 +1,5 @@
 """Lost peers from torch's own rendezvous keep-alive: the torch driver's answer to the built-in
-guard ``peer_lost`` (``fsm_agent._peers``; docs/job-protocol.md, "Lost peers").
+guard ``peer_lost`` (``fsm_agent._core._peers``; docs/job-protocol.md, "Lost peers").
 
 torch's behaviour (2.13, ``dynamic_rendezvous.py``): every agent's handler writes its heartbeat
 (``_RendezvousState.last_heartbeats[node]``, a UTC time) into the rendezvous state every

@@ -80,8 +80,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 # The template runs _template.py loaded from its file under a private name, and so does the
-# agent (fsm_agent._templatefile says why).
-from fsm_agent._templatefile import load as template_module
+# agent (fsm_agent._core._templatefile says why).
+from fsm_agent._core._templatefile import load as template_module
 from fsm_agent.torch._compat import enabled
 
 __all__ = ["PreloadedProcess", "Template", "WarmStartMixin", "check_module_names", "serving"]

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from fsm_agent._spec import INTERRUPT_TRIGGER
+from fsm_agent._core._spec import INTERRUPT_TRIGGER
 from fsm_agent.torch._compat import enabled
 
 __all__ = [

@@ -33,7 +33,7 @@ import subprocess
 import sys
 from typing import Any
 
-from fsm_agent._templatefile import take_sentinel_token
+from fsm_agent._core._templatefile import take_sentinel_token
 
 __all__ = ["TOKEN_VAR", "Sentinel", "SentinelMixin"]
 

@@ -171,7 +171,7 @@ class CleanSlateMixin:
         return clear(self._fsm_slate_token, timeout)
 
     def _fsm_slate_reason(self, timeout: float) -> str | None:
-        """The ``clean_slate`` health check's view (``fsm_agent._health``): what survived, as
+        """The ``clean_slate`` health check's view (``fsm_agent._core._health``): what survived, as
         one line, or None."""
         left = self._fsm_clear_slate(timeout)
         return describe(left, timeout) if left else None

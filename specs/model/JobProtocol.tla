@@ -22,7 +22,7 @@
 (* already in the store and the agent can act on it.                       *)
 (*                                                                         *)
 (* How an agent reads the announcement while it waits: a watch            *)
-(* (fsm_agent._job.OutcomeWatch), a thread blocked in a store wait on a   *)
+(* (fsm_agent._core._job.OutcomeWatch), a thread blocked in a store wait on a   *)
 (* connection of its own, which the winning announcement wakes; the        *)
 (* agent's waits read what the watch saw. A step of the model that reads  *)
 (* ann is the agent reading its watch. What the watch guarantees, and the *)

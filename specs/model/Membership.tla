@@ -9,7 +9,7 @@
 (*   numbered by assign_slots(previous, participants), previous being the  *)
 (*   last completed round's map kept on the rendezvous state (written by   *)
 (*   the store's compare-and-set, so every node reads the same map);       *)
-(* - lost peers (fsm_agent/_peers.py, fsm_agent/torch/_peers.py): a node   *)
+(* - lost peers (fsm_agent/_core/_peers.py, fsm_agent/torch/_peers.py): a node   *)
 (*   whose agent dies is lost for good; its peers' workers fail, the       *)
 (*   resilient spec's first rule peer_lost restarts them at once (budget   *)
 (*   node_replacements, unlimited) and they re-enter the rendezvous, where *)

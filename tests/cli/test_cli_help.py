@@ -79,7 +79,7 @@ def test_run_help_lists_every_built_in_spec_and_how_to_set_its_parameters(
         tmp_path: Path) -> None:
     """--spec names every preset the package carries, from its specs
     directory (one added there is listed too), and --spec-param and --vocabulary are shown."""
-    from fsm_agent._load import PRESETS_DIR_ENV, _spec_dirs
+    from fsm_agent._core._load import PRESETS_DIR_ENV, _spec_dirs
 
     shipped = {p.stem for d in _spec_dirs() for p in d.glob("*.yaml")}
     assert {"torchelastic", "torchrun", "resilient"} <= shipped

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import Lifecycle, load_spec
-from fsm_agent._params import bind_params, format_param
+from fsm_agent._core._params import bind_params, format_param
 from fsm_agent.cli import main
 from fsm_agent.testing import RecordingDriver
 from fsm_agent.trace import open_trace

@@ -28,8 +28,11 @@ def test_every_export_exists_and_has_a_docstring(name: str) -> None:
 
 
 def test_public_namespaces_re_export_the_private_objects() -> None:
-    from fsm_agent import _diagram, _replay, _trace, diagram, trace
+    from fsm_agent import diagram, trace
+    from fsm_agent.diagram import _render as _diagram
     from fsm_agent.torch import _launch, launch
+    from fsm_agent.trace import _replay
+    from fsm_agent.trace import _writer as _trace
 
     assert trace.open_trace is _trace.open_trace and trace.replay is _replay.replay
     assert trace.TraceWriter is _trace.JsonlTraceWriter

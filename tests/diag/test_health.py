@@ -12,7 +12,7 @@ import pytest
 from diag_helpers import Jobs, free_port, trace_records
 
 from fsm_agent import load_spec
-from fsm_agent._health import command_succeeds, disk_free, health_budget, store_reachable
+from fsm_agent._core._health import command_succeeds, disk_free, health_budget, store_reachable
 
 SPEC = Path(__file__).parent / "specs" / "health.yaml"
 ENV_WORKER = Path(__file__).parents[1] / "torch" / "scripts" / "env_worker.py"
@@ -124,7 +124,7 @@ def test_a_late_node_failing_a_check_leaves_and_the_job_goes_on(
 
 def test_a_custom_check_from_the_vocabulary_makes_the_lifecycle_leave(tmp_path: Path) -> None:
     from fsm_agent import Lifecycle, Vocabulary
-    from fsm_agent._health import LeftJob
+    from fsm_agent._core._health import LeftJob
     from fsm_agent.testing import RecordingDriver
 
     # The test spec, its all_of extended with a check the embedding program registers.

@@ -16,9 +16,9 @@ from browser import dom, screenshot
 from diag_helpers import FAST, Jobs, trace_records
 
 from fsm_agent import load_spec
-from fsm_agent._analysis import analyse
-from fsm_agent._summary import format_text
-from fsm_agent._trace import read_trace
+from fsm_agent._readers._analysis import analyse
+from fsm_agent._readers._summary import format_text
+from fsm_agent.trace._writer import read_trace
 
 WORKER = Path(__file__).parents[1] / "reliability" / "scripts" / "worker.py"
 REPO = Path(__file__).parents[2]

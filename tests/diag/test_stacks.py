@@ -151,7 +151,7 @@ def test_the_main_thread_is_found_named_or_by_its_id_with_each_frames_locals() -
 
 
 def test_suspects_are_the_ranks_outside_the_collective_and_every_node_shares_its_part() -> None:
-    from fsm_agent._job import JobChannel, MemoryStore
+    from fsm_agent._core._job import JobChannel, MemoryStore
     from fsm_agent.torch._hang import Suspects, encode_suspects, merge_suspects
 
     node_a = Suspects({0: "all_reduce", 1: "all_reduce"}, {})

@@ -1,7 +1,7 @@
 """A deterministic simulation of one job of N agents over the real engine.
 
 Each agent is a real ``fsm_agent.Lifecycle`` of a preset spec, driven by a simulated driver;
-all of them share one ``MemoryStore`` (TCPStore's semantics) through ``fsm_agent._job
+all of them share one ``MemoryStore`` (TCPStore's semantics) through ``fsm_agent._core._job
 .JobChannel``, exactly as the torch agents share the rendezvous store. What torch provides is
 simulated: the c10d rendezvous (a round completes when every node has joined), the exit barrier,
 the workers (scripted per round: all succeed, or some fail at given times) and faults (an agent
@@ -28,7 +28,14 @@ from typing import Any
 import attrs
 
 from fsm_agent import ActionError, Lifecycle, LifecycleError, WorkerGroupFailureException
-from fsm_agent._job import JOB_FAILED, LINGER_TIMEOUT, JobChannel, JobOutcome, JobOver, MemoryStore
+from fsm_agent._core._job import (
+    JOB_FAILED,
+    LINGER_TIMEOUT,
+    JobChannel,
+    JobOutcome,
+    JobOver,
+    MemoryStore,
+)
 from fsm_agent.testing import make_result
 
 # Virtual seconds. The poll and the tick are coarser than the torch agent's (0.2 s, 0.1 s) to keep

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from fsm_agent import ActionError, Lifecycle, TriggerInterrupt, WorkerState
-from fsm_agent._job import JobChannel, JobOver, MemoryStore
+from fsm_agent._core._job import JobChannel, JobOver, MemoryStore
 from fsm_agent.testing import RecordingDriver, make_result
 
 

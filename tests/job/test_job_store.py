@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from fsm_agent._job import JobChannel, JobOutcome, JobOver, MemoryStore
+from fsm_agent._core._job import JobChannel, JobOutcome, JobOver, MemoryStore
 
 
 @pytest.fixture(params=["memory", "tcp", "etcd"])

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from fsm_agent._job import JobChannel, MemoryStore
+from fsm_agent._core._job import JobChannel, MemoryStore
 
 torch_dist = pytest.importorskip("torch.distributed")
 

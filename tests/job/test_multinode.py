@@ -191,7 +191,7 @@ def test_an_announcement_by_no_node_of_the_job_is_refused_with_one_warning(jobs:
     store = TCPStore("127.0.0.1", port_of(args), is_master=False,
                      timeout=timedelta(seconds=10))
     # the intruder speaks the protocol: it writes the outcome and wakes the watching agents
-    from fsm_agent._job import JobChannel
+    from fsm_agent._core._job import JobChannel
 
     JobChannel(store, "refused", "intruder").announce(7, "forged")
     refused = "ignoring an outcome announced on the rendezvous store by intruder"
@@ -234,7 +234,7 @@ def test_an_announced_exit_code_that_is_no_failures_still_fails_every_agent(
     forged = json.dumps({"exit_code": code, "node": _a_participant(store, "forged"),
                          "reason": "\x1b[2J\x1b[1;31m" + "x" * 100_000})
     store.compare_set("fsm_agent/job/forged/outcome", "", forged)
-    # as an announcement does, wake the agents' watches (fsm_agent._job.OutcomeWatch): an
+    # as an announcement does, wake the agents' watches (fsm_agent._core._job.OutcomeWatch): an
     # outcome written without it is read at a watch's re-arm or the next rendezvous
     watchers = store.add("fsm_agent/job/forged/watchers", 0)
     assert watchers == 2, watchers  # each agent watches

@@ -27,10 +27,10 @@ import pytest
 from reliability_helpers import FAST, Jobs
 
 from fsm_agent import Lifecycle, load_spec
-from fsm_agent._files import FileRefused, open_regular, read_bounded
-from fsm_agent._replay import UntrustedSpec, trace_spec
-from fsm_agent._trace import JsonlTraceWriter, TraceError, read_trace
+from fsm_agent._core._files import FileRefused, open_regular, read_bounded
 from fsm_agent.testing import RecordingDriver
+from fsm_agent.trace._replay import UntrustedSpec, trace_spec
+from fsm_agent.trace._writer import JsonlTraceWriter, TraceError, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_TRACE = ROOT / "tests" / "tools" / "data" / "fail_once_recover.jsonl"
@@ -430,7 +430,7 @@ def test_a_short_write_at_the_size_limit_then_the_marker_once_room_is_back(
     script = textwrap.dedent(f"""
         import resource
         from fsm_agent import Step
-        from fsm_agent._trace import JsonlTraceWriter
+        from fsm_agent.trace._writer import JsonlTraceWriter
 
         soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1500, hard))
@@ -535,7 +535,7 @@ def test_bounded_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert read_bounded(big, 1000) == b"x" * 1000
     with pytest.raises(FileRefused, match="larger than 999 bytes"):
         read_bounded(big, 999)
-    import fsm_agent._trace_reader as trace_mod
+    import fsm_agent.trace._reader as trace_mod
 
     lines = GOOD_TRACE.read_text()
     path = tmp_path / "t.jsonl"

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import fsm_agent
-from fsm_agent._spec import MAX_SPEC_BYTES
+from fsm_agent._core._spec import MAX_SPEC_BYTES
 from fsm_agent.cli import check, diagram, replay
 
 ROOT = Path(__file__).resolve().parents[2]

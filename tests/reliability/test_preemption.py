@@ -1,4 +1,4 @@
-"""Preemption under the ``resilient`` preset (``fsm_agent/_drain.py``, its torch side in
+"""Preemption under the ``resilient`` preset (``fsm_agent/_core/_drain.py``, its torch side in
 ``fsm_agent/torch/_drain.py``): a drain signal sends every worker ``drain_signal``, waits up to
 ``drain_timeout`` for them, and every agent of the job exits with the same
 ``preempted_exit_code``. Real ``fsm-agent run`` jobs; c10d rendezvous on loopback for two agents.

@@ -1,7 +1,8 @@
-"""Budgets per cause in real jobs (``fsm_agent/_budgets.py``, the ``resilient`` preset's ``infra``
-budget): a failure whose exit code is one of ``infra_exit_codes`` spends ``infra_restarts``,
-never ``--max-restarts``, and the other way round; with two agents the job counts both budgets
-once, on the rendezvous store. The workers' exit codes are scripted per attempt."""
+"""Budgets per cause in real jobs (``fsm_agent/_core/_budgets.py``, the ``resilient`` preset's
+``infra`` budget): a failure whose exit code is one of ``infra_exit_codes`` spends
+``infra_restarts``, never ``--max-restarts``, and the other way round; with two agents the job
+counts both budgets once, on the rendezvous store. The workers' exit codes are scripted per
+attempt."""
 
 from __future__ import annotations
 

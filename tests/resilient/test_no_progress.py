@@ -1,4 +1,5 @@
-"""Give up when restarts make no progress (``fsm_agent/_progress.py``, the ``resilient`` preset's
+"""Give up when restarts make no progress (``fsm_agent/_core/_progress.py``, the ``resilient``
+preset's
 ``no_progress`` rule): real ``fsm-agent run`` jobs whose workers report steps with
 ``fsm_agent.progress(step)`` or write a checkpoint, then crash. After exactly
 ``no_progress_restarts`` restarts in a row without progress the job ends with

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from fsm_agent import Lifecycle, Spec, load_spec
-from fsm_agent._trace import JsonlTraceWriter
 from fsm_agent.testing import RecordingDriver
+from fsm_agent.trace._writer import JsonlTraceWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = Path(__file__).resolve().parent / "data"

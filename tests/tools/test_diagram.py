@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import load_spec, parse_spec
-from fsm_agent._diagram import DiagramEngineMissing, regenerate, render, to_dot, to_mermaid
 from fsm_agent.cli.diagram import REGENERATE_COMMAND
 from fsm_agent.cli.diagram import main as diagram_main
+from fsm_agent.diagram._render import DiagramEngineMissing, regenerate, render, to_dot, to_mermaid
 
 from ._helpers import DATA, ROOT, SPECS, lines
 
@@ -261,9 +261,9 @@ def test_trace_highlight_counts_edges_and_marks_the_end(capsys) -> None:
 
 def test_trace_highlight_in_dot(traced) -> None:
     pgv = pytest.importorskip("pygraphviz")
-    from fsm_agent._diagram import highlight_from_replay
-    from fsm_agent._replay import replay
-    from fsm_agent._trace import read_trace
+    from fsm_agent.diagram._render import highlight_from_replay
+    from fsm_agent.trace._replay import replay
+    from fsm_agent.trace._writer import read_trace
 
     path = traced("torchelastic", ["FAILED"], raises={"stop_workers": RuntimeError("boom")})
     spec = load_spec("torchelastic")

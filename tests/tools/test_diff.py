@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fsm_agent import load_spec, parse_spec
-from fsm_agent._diff import diff_specs
+from fsm_agent._readers._diff import diff_specs
 from fsm_agent.cli.diff import main as diff_main
 
 from ._helpers import SPECS

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import load_spec, parse_spec
-from fsm_agent._diff import diff_specs, format_diff
+from fsm_agent._readers._diff import diff_specs, format_diff
 from fsm_agent.cli.diff import main as diff_main
 
 from ._helpers import SPECS

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from fsm_agent import Lifecycle, Spec, SpecError, VirtualClock, load_spec
-from fsm_agent._replay import replay
-from fsm_agent._trace import JsonlTraceWriter, read_trace
 from fsm_agent.cli.replay import main as replay_main
 from fsm_agent.testing import RecordingDriver, make_result
+from fsm_agent.trace._replay import replay
+from fsm_agent.trace._writer import JsonlTraceWriter, read_trace
 
 from ._helpers import ROOT, lines, write_lines
 

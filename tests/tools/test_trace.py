@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from fsm_agent import Lifecycle
-from fsm_agent._trace import JsonlTraceWriter, TraceError, open_trace, read_trace
 from fsm_agent.testing import RecordingDriver
+from fsm_agent.trace._writer import JsonlTraceWriter, TraceError, open_trace, read_trace
 
 from ._helpers import DATA, lines, run_traced, write_lines
 
@@ -80,7 +80,7 @@ def test_a_killed_writer_loses_nothing_it_wrote(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import os
         from fsm_agent import Step
-        from fsm_agent._trace import JsonlTraceWriter
+        from fsm_agent.trace._writer import JsonlTraceWriter
 
         writer = JsonlTraceWriter({str(path)!r}, spec="torchelastic")
         writer(Step("start", "INIT", 1.0, 1.0, "default", dest="HEALTHY"))
@@ -213,11 +213,11 @@ def test_the_real_run_fixture_reads() -> None:
     assert 1 in {f["exitcode"] for f in failed["failures"].values()}
 
 
-# -- the declared schema (fsm_agent/_trace_schema.py) ----------------------------------------
+# -- the declared schema (fsm_agent/trace/_schema.py) ----------------------------------------
 
 
 def test_the_writer_writes_exactly_the_declared_fields(tmp_path: Path) -> None:
-    from fsm_agent._trace_schema import FOLD_FIELDS, HEADER_FIELDS, STEP_FIELDS
+    from fsm_agent.trace._schema import FOLD_FIELDS, HEADER_FIELDS, STEP_FIELDS
 
     path = tmp_path / "t.jsonl"
     run_traced(path, "torchelastic", ["HEALTHY", "HEALTHY", "HEALTHY", "FAILED", "SUCCEEDED"],
@@ -241,12 +241,12 @@ def test_the_writer_writes_exactly_the_declared_fields(tmp_path: Path) -> None:
 
 def test_every_step_attribute_has_one_record_row_beside_it() -> None:
     # A Step attribute without its row would be silently left out of every trace; a row without
-    # its attribute would break the writer. Both are declared in fsm_agent/_step.py.
+    # its attribute would break the writer. Both are declared in fsm_agent/_core/_step.py.
     import attrs
 
     from fsm_agent import Step
-    from fsm_agent._step import STEP_RECORD
-    from fsm_agent._trace_schema import STEP_FIELDS
+    from fsm_agent._core._step import STEP_RECORD
+    from fsm_agent.trace._schema import STEP_FIELDS
 
     rows = [f.name for f in STEP_RECORD]
     assert sorted(rows) == sorted(a.name for a in attrs.fields(Step))
@@ -256,7 +256,7 @@ def test_every_step_attribute_has_one_record_row_beside_it() -> None:
 
 
 def test_the_docs_show_the_declared_tables() -> None:
-    from fsm_agent._trace_schema import with_trace_tables
+    from fsm_agent.trace._schema import with_trace_tables
 
     doc = DOC.read_text()
     assert with_trace_tables(doc) == doc, "docs/diagrams.md's trace tables are stale: run " \
@@ -264,8 +264,8 @@ def test_the_docs_show_the_declared_tables() -> None:
 
 
 def test_the_table_command_rewrites_a_stale_table_and_only_it() -> None:
-    from fsm_agent._trace_schema import STEP_FIELDS, field_table
-    from fsm_agent._trace_schema import with_trace_tables as synced
+    from fsm_agent.trace._schema import STEP_FIELDS, field_table
+    from fsm_agent.trace._schema import with_trace_tables as synced
 
     doc = DOC.read_text()
     stale = doc.replace("| `rule` |", "| `old_rule` |", 1)
@@ -281,7 +281,7 @@ def test_the_run_summary_folds_as_the_trace_does(tmp_path: Path) -> None:
     # One fold rule: the recorder behind the end-of-run summary keeps the records the trace
     # writer writes, counts included.
     from fsm_agent import load_spec
-    from fsm_agent._summary import RunRecorder
+    from fsm_agent._readers._summary import RunRecorder
 
     def group_ranks() -> Iterator[dict[str, int]]:
         # a field that changes between two quiet ticks (a re-rendezvous moved the group)
@@ -308,7 +308,7 @@ def test_the_run_summary_folds_as_the_trace_does(tmp_path: Path) -> None:
 def test_a_step_record_keeps_its_bytes() -> None:
     # The format is stable: the record of a step with every field set, byte for byte.
     from fsm_agent import ActionRecord, Step
-    from fsm_agent._trace import _dumps, step_record
+    from fsm_agent.trace._writer import _dumps, step_record
 
     step = Step(trigger="failed", source="HEALTHY", wall_time=1.5, monotonic_time=2.25,
                 role="trainer", dest="BACKOFF", guards=[("has_restarts_left", 1)],
@@ -332,9 +332,11 @@ def test_a_new_field_needs_only_its_schema_row(tmp_path: Path,
     # folded by, and refused when missing (if required), from its Field row alone.
     import attrs
 
-    from fsm_agent import Step, _trace, _trace_reader
-    from fsm_agent._summary import RunRecorder
-    from fsm_agent._trace_schema import STEP_FIELDS, Field
+    from fsm_agent import Step
+    from fsm_agent._readers._summary import RunRecorder
+    from fsm_agent.trace import _reader as _trace_reader
+    from fsm_agent.trace import _writer as _trace
+    from fsm_agent.trace._schema import STEP_FIELDS, Field
 
     @attrs.define(slots=True)
     class LaterStep(Step):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fsm_agent import _driver
+from fsm_agent._core import _driver
 from fsm_agent.torch import FSMElasticAgent, _hooks
 from fsm_agent.torch._driver import TorchDriver
 

@@ -103,7 +103,7 @@ def test_only_resilient_refuses_a_node_with_a_quarantine_mark(
         jobs: Jobs, tmp_path: Path, spec: str) -> None:
     from torch.distributed import TCPStore
 
-    from fsm_agent._job import JobChannel
+    from fsm_agent._core._job import JobChannel
 
     store, port = standalone_store(jobs)
     client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))

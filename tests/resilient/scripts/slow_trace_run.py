@@ -5,8 +5,8 @@ BACKOFF record is then the product's, not the scheduler's."""
 import sys
 import time
 
-from fsm_agent._trace import TraceWriter
 from fsm_agent.cli import main
+from fsm_agent.trace._writer import TraceWriter
 
 DELAY = 0.5
 _record = TraceWriter.__call__
