@@ -153,6 +153,70 @@ def test_the_layer_rule_finds_an_upward_import() -> None:
         "a imports b (engine)", "k imports t (torch)", "t imports c (cli)"]
 
 
+# -- the packages: the layers as folders ---------------------------------------------------
+
+#: Each package of fsm_agent and the packages it may import ("": the top-level modules, the
+#: public ``fsm_agent`` namespace). Everything else it imports is its own.
+PACKAGES = {
+    "_core": set(),
+    "trace": {"_core"},
+    "diagram": {"_core", "trace"},
+    "_readers": {"_core", "trace"},
+    "": {"_core"},
+    "testing": {"_core", "trace", "diagram", "_readers"},
+    "torch": {"_core", "trace", "_readers"},
+    "cli": {"_core", "trace", "diagram", "_readers", "testing", "torch", ""},
+}
+#: The package each layer of docs/modules.md lives in (None: the public namespaces, which are
+#: the top-level ``__init__.py`` and those of the public packages).
+LAYER_PACKAGE = {"base": "_core", "values": "_core", "vocabulary": "_core",
+                 "spec language": "_core", "engine": "_core", "trace": "trace",
+                 "diagram": "diagram", "readers": "_readers", "public": None}
+
+
+def _package(module: str) -> str:
+    if module == "fsm_agent.__main__":  # ``python -m fsm_agent``: the command line's
+        return "cli"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in PACKAGES else ""
+
+
+def _package_violations(graph: dict[str, set[str]]) -> list[str]:
+    return [f"{mod} imports {dep}" for mod, deps in sorted(graph.items()) for dep in sorted(deps)
+            if _package(dep) != _package(mod) and _package(dep) not in PACKAGES[_package(mod)]]
+
+
+def test_each_package_imports_only_the_packages_it_builds_on() -> None:
+    graph = _graph()
+    assert {_package(m) for m in graph} == set(PACKAGES)
+    assert _package_violations(graph) == []
+
+
+def test_the_package_rule_finds_an_import_the_wrong_way() -> None:
+    graph = {"fsm_agent._core._spec": {"fsm_agent.trace._writer"},
+             "fsm_agent.trace._writer": {"fsm_agent._core._spec", "fsm_agent._readers._report"},
+             "fsm_agent._readers._report": {"fsm_agent.trace._writer", "fsm_agent._core._spec"},
+             "fsm_agent.torch._agent": {"fsm_agent.cli.run"}}
+    assert _package_violations(graph) == [
+        "fsm_agent._core._spec imports fsm_agent.trace._writer",
+        "fsm_agent.torch._agent imports fsm_agent.cli.run",
+        "fsm_agent.trace._writer imports fsm_agent._readers._report"]
+
+
+def test_each_layer_lives_in_its_package() -> None:
+    core, _ = _module_map()
+    assert [name for name, _ in core] == list(LAYER_PACKAGE)
+    misplaced = []
+    for layer, mods in core:
+        want = LAYER_PACKAGE[layer]
+        for mod in mods:
+            public = mod == "fsm_agent" or (_package(mod) in PACKAGES and
+                                           mod == f"fsm_agent.{_package(mod)}")
+            if (want is None and not public) or (want is not None and _package(mod) != want):
+                misplaced.append(f"{mod} ({layer})")
+    assert misplaced == []
+
+
 def test_tests_readme_names_every_test_directory() -> None:
     tests = PKG.parent / "tests"
     text = (tests / "README.md").read_text()
