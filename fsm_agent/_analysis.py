@@ -35,9 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["Decision", "FailureInfo", "Incident", "JobAnalysis", "Lane", "Segment", "analyse"]
 
 #: Triggers whose step means the workers failed or stopped making progress.
-FAILURE_TRIGGERS = ("failed", "unhealthy", "hung")
+INCIDENT_TRIGGERS = ("failed", "unhealthy", "hung")
 #: Action name -> timeline segment kind.
-ACTION_KINDS = {
+SEGMENT_OF_ACTION = {
     "stop_workers": "stopping",
     "restart_workers": "restarting",
     "rendezvous": "rendezvous",
@@ -309,8 +309,8 @@ def _state_kind(spec: Spec | None, state: str | None, rec: TraceRecord) -> str:
 
 
 def _action_kind(name: str) -> str:
-    if name in ACTION_KINDS:
-        return ACTION_KINDS[name]
+    if name in SEGMENT_OF_ACTION:
+        return SEGMENT_OF_ACTION[name]
     if "health" in name or name.startswith("check_"):
         return "health"
     return "action"
@@ -398,7 +398,7 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
         health = diag.get("health") if isinstance(diag.get("health"), Mapping) else None
         stop_acts = {"stop_workers", "restart_workers"} & {str(a.get("name"))
                                                             for a in rec.actions}
-        failure = rec.trigger in FAILURE_TRIGGERS and rec.source in RUNNING_STATES
+        failure = rec.trigger in INCIDENT_TRIGGERS and rec.source in RUNNING_STATES
         membership = rec.trigger == "healthy" and bool(stop_acts)
         left = health is not None and health.get("ok") is False
         if not (failure or membership or left):
