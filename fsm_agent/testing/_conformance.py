@@ -31,11 +31,11 @@ from ._agent_shape import (
     HarnessError,
 )
 from ._check_script import ConformanceFailure, check_script, draw_case
-from ._compare import DIVERGENCES, Divergence, compare_traces, trace_invariants
+from ._compare import DIVERGENCES, IntendedDivergence, compare_traces, trace_invariants
 from ._machine import SupervisorConformance
 from ._oracle import _never, _oracle, _profile
 from ._reference import (
-    Trace,
+    ConformanceTrace,
 )
 from ._scripted import EndOfScript, RunawaySupervisor, ScriptedDriver, _HarnessAbort
 from ._strategies import (
@@ -49,9 +49,9 @@ from ._targets import DEFAULT_SPEC, _spec_label, resolve_target, run_script
 __all__ = [
     "DIVERGENCES",
     "ConformanceFailure",
-    "Divergence",
     "EndOfScript",
     "HarnessError",
+    "IntendedDivergence",
     "RunawaySupervisor",
     "ScriptedDriver",
     "SupervisorConformance",
@@ -211,7 +211,7 @@ def _plainer(field: str, value: Any) -> tuple[Any, ...]:
     return (plain,)
 
 
-def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
+def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], ConformanceTrace],
              config: RunConfig, script: Sequence[Tick], *,
              window: Callable[[RunConfig], float] = _never,
              keep: Sequence[str] = ()) -> tuple[RunConfig, tuple[Tick, ...]]:

@@ -43,10 +43,10 @@ from ._agent_shape import (
 )
 from ._reference import (
     PRESETS,
+    ConformanceTrace,
     Pending,
     Raised,
     Returned,
-    Trace,
 )
 from ._scripted import (
     EndOfScript,
@@ -318,7 +318,7 @@ def _classify(value: Any, rec: _Recorder) -> Returned | Raised | Pending:
 
 
 def run_script(target: Any, config: RunConfig, script: Sequence[Tick],
-               *, spec: Any = DEFAULT_SPEC) -> Trace:
+               *, spec: Any = DEFAULT_SPEC) -> ConformanceTrace:
     """Run ``target`` once on a script and return everything it did."""
     tgt = resolve_target(target, spec)
     rec = ScriptedDriver(config, script, tgt.result_types)
@@ -338,5 +338,5 @@ def run_script(target: Any, config: RunConfig, script: Sequence[Tick],
         remaining = getattr(supervisor, "remaining_restarts", None)
         code = getattr(supervisor, "exit_code", None)
     code = code if isinstance(code, int) and not isinstance(code, bool) else None
-    return Trace(tuple(rec.events), _classify(value, rec), state, remaining, code)
+    return ConformanceTrace(tuple(rec.events), _classify(value, rec), state, remaining, code)
 
