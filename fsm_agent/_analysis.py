@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._matchers import stopped_by_torch
-from ._spec import Spec
+from ._spec import HUNG_TRIGGER, Spec
 from ._trace import Trace, TraceRecord
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["Decision", "FailureInfo", "Incident", "JobAnalysis", "Lane", "Segment", "analyse"]
 
 #: Triggers whose step means the workers failed or stopped making progress.
-INCIDENT_TRIGGERS = ("failed", "unhealthy", "hung")
+INCIDENT_TRIGGERS = ("failed", "unhealthy", HUNG_TRIGGER)
 #: Action name -> timeline segment kind.
 SEGMENT_OF_ACTION = {
     "stop_workers": "stopping",
@@ -257,7 +257,7 @@ def _exception(data: Any) -> tuple[str | None, str | None]:
 
 
 def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
-    hung = rec.trigger == "hung"
+    hung = rec.trigger == HUNG_TRIGGER
     raw = rec.data.get("failures")
     if not isinstance(raw, Mapping):
         return ()
@@ -378,7 +378,7 @@ def _consume_actions(spec: Spec | None) -> frozenset[str]:
 
 
 def _cause(trigger: str, failures: Sequence[FailureInfo]) -> str:
-    if trigger == "hung":
+    if trigger == HUNG_TRIGGER:
         return "hang"
     if not failures:
         return "unhealthy" if trigger == "unhealthy" else "failure"
@@ -593,7 +593,7 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
                           records_total))
     lanes_t = tuple(lanes)
     outcome = _outcome(lanes_t)
-    failing = [x for x in incidents if x.failures or x.trigger == "hung"]
+    failing = [x for x in incidents if x.failures or x.trigger == HUNG_TRIGGER]
     gave_up = [x for x in failing if x.decision is not None and x.decision.outcome in
                ("gave up", "aborted")]
     pool = gave_up or failing

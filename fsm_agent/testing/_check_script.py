@@ -8,6 +8,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from .._spec import DEFAULT_SPEC
 from ._compare import compare_traces, trace_invariants
 from ._oracle import _oracle, _window
 from ._reference import (
@@ -21,7 +22,7 @@ from ._strategies import (
     ticks,
 )
 from ._table import render_table
-from ._targets import DEFAULT_SPEC, _spec_label, resolve_target, run_script
+from ._targets import _spec_label, resolve_target, run_script
 
 
 class ConformanceFailure(AssertionError):

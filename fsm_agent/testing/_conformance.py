@@ -27,6 +27,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from .._spec import DEFAULT_SPEC
 from ._agent_shape import (
     HarnessError,
 )
@@ -44,7 +45,7 @@ from ._strategies import (
 )
 from ._table import render_table
 from ._target_api import TargetAPI
-from ._targets import DEFAULT_SPEC, _spec_label, resolve_target, run_script
+from ._targets import _spec_label, resolve_target, run_script
 
 __all__ = [
     "DIVERGENCES",

@@ -14,6 +14,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from .._spec import DEFAULT_SPEC
 from ._agent_shape import (
     HarnessError,
 )
@@ -28,7 +29,7 @@ from ._strategies import (
     RunConfig,
     Tick,
 )
-from ._targets import _DEFAULTS, DEFAULT_SPEC, _spec_label, resolve_target
+from ._targets import _DEFAULTS, _spec_label, resolve_target
 
 
 def _class_attr(cls: type, name: str) -> Any:

@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from .._spec import DEFAULT_SPEC
 from ._agent_shape import (
     HarnessError,
     Route,
@@ -72,8 +73,6 @@ FACTORY_SETTINGS: tuple[str, ...] = ("role", "max_restarts", "exit_barrier_timeo
 #: What the kit also passes, when the factory takes it, for a spec with parameters or timers:
 #: the run's parameter values, its virtual clock and its scripted random source.
 TIME_SETTINGS: tuple[str, ...] = ("params", "clock", "rng")
-#: The spec the kit checks against when none is named (as every ``fsm-agent`` command).
-DEFAULT_SPEC = "torchelastic"
 _DEFAULTS = RunConfig()
 
 

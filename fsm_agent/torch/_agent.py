@@ -31,6 +31,7 @@ from fsm_agent._params import bind_params
 from fsm_agent._peers import PEER_LOST_GUARD
 from fsm_agent._policy import rule_budgets
 from fsm_agent._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
+from fsm_agent._spec import DEFAULT_SPEC
 from fsm_agent.torch._compat import require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
@@ -140,7 +141,7 @@ class LifecycleAgentMixin(MonitorWaitMixin):
     def __init__(
         self,
         *args: Any,
-        lifecycle_spec: str | os.PathLike[str] | Spec = "torchelastic",
+        lifecycle_spec: str | os.PathLike[str] | Spec = DEFAULT_SPEC,
         listeners: Iterable[Listener] = (),
         isolate_worker_store: bool = True,
         lifecycle_params: Mapping[str, Any] | None = None,
