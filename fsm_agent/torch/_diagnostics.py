@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
 from fsm_agent._progress import note_attempt_end
+from fsm_agent._spec import HUNG_TRIGGER
 from fsm_agent._trace_schema import DIAGNOSTICS
 from fsm_agent.torch._hang import (
-    HUNG_TRIGGER,
     HungRank,
     encode_suspects,
     find_suspects,

@@ -37,11 +37,10 @@ from typing import Any
 import attrs
 
 from fsm_agent._files import printable
-from fsm_agent._spec import HANG_TIMEOUT_PARAM, HUNG_TRIGGER
 from fsm_agent.torch._stacks import StackDump, capture_stacks, parse_main_thread
 
-__all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "Suspects", "encode_suspects",
-           "find_suspects", "hang_failures", "merge_suspects", "stacks_dir", "take_stacks"]
+__all__ = ["HungRank", "Suspects", "encode_suspects", "find_suspects", "hang_failures",
+           "merge_suspects", "stacks_dir", "take_stacks"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
