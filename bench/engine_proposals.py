@@ -41,7 +41,7 @@ def main() -> int:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
     from fsm_agent import Lifecycle, load_spec
-    from fsm_agent._core._engine import compile_spec
+    from fsm_agent._core._compile import compile_spec
 
     spec = load_spec("torchrun")
     healthy = RunResult(state=WorkerState.HEALTHY)

@@ -34,7 +34,13 @@ from fsm_agent import Lifecycle, LifecycleError, Preemption, VirtualClock
 from fsm_agent._core._progress import Mark
 from fsm_agent.testing import RecordingDriver, ReferenceRun, ScriptedRandom
 from fsm_agent.testing._compare import compare_traces, same_calls
-from fsm_agent.testing._reference import RESILIENT_DEFAULTS, Pending, Raised, Returned, Trace
+from fsm_agent.testing._reference import (
+    RESILIENT_DEFAULTS,
+    ConformanceTrace,
+    Pending,
+    Raised,
+    Returned,
+)
 from fsm_agent.testing._strategies import (
     RESILIENT_PARAM_VALUES,
     RunConfig,
@@ -95,7 +101,7 @@ class LifecycleModel(RuleBasedStateMachine):
         self.driver.calls.append(("sleep", seconds))
         self.clock.sleep(seconds)
 
-    def _lifecycle_trace(self, error: BaseException | None) -> Trace:
+    def _lifecycle_trace(self, error: BaseException | None) -> ConformanceTrace:
         assert self.lc is not None
         outcome: Returned | Raised | Pending = Pending()
         if error is not None:
@@ -106,7 +112,7 @@ class LifecycleModel(RuleBasedStateMachine):
             assert result is not None
             outcome = Returned(result.state.name, result.return_values,
                                failure_summary(result.failures))
-        return Trace(tuple(self.driver.calls), outcome, self.lc.state.name,
+        return ConformanceTrace(tuple(self.driver.calls), outcome, self.lc.state.name,
                      self.lc.remaining_restarts, self.lc.exit_code)
 
     # Timed ticks for every preset: the torch presets must ignore elapsed time and draws.
@@ -152,7 +158,7 @@ class LifecycleModel(RuleBasedStateMachine):
         new = self.driver.calls[before:]
         assert same_calls(self.ref.events[before:], new), (tick, self.ref.events[before:], new)
         ours = self._lifecycle_trace(error)
-        want = self.ref.trace() if self.ref.outcome is not None else Trace(
+        want = self.ref.trace() if self.ref.outcome is not None else ConformanceTrace(
             tuple(self.ref.events), Pending(), self.ref.state, self.ref.remaining_restarts,
             self.ref.exit_code)
         assert not compare_traces(want, ours), (compare_traces(want, ours), want, ours)

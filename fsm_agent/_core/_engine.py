@@ -30,7 +30,7 @@ from ._spec import (
     TIMEOUT_TRIGGER,
     Spec,
 )
-from ._step import ActionRecord, Listener, Step, failed_result
+from ._step import Listener, Step, failed_result
 from ._vocabulary import Context
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from ._driver import Driver
 
-__all__ = ["ActionRecord", "Lifecycle", "Listener", "Step", "compile_spec"]
+__all__ = ["Lifecycle"]
 
 log = logging.getLogger("fsm_agent")
 

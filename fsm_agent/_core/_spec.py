@@ -15,8 +15,11 @@ from ._vocabulary import Vocabulary
 
 __all__ = [
     "ALWAYS_TRIGGER",
+    "DEFAULT_SPEC",
     "ERROR_STATE",
     "FAILURE_TRIGGERS",
+    "HANG_TIMEOUT_PARAM",
+    "HUNG_TRIGGER",
     "INTERRUPT_TRIGGER",
     "OBSERVATION_TRIGGERS",
     "START_TRIGGER",
@@ -60,6 +63,14 @@ TIMEOUT_TRIGGER = "timeout"
 INTERRUPT_TRIGGER = "signal"
 #: The state the engine enters when an action fails; reachable whatever the transitions say.
 ERROR_STATE = "UNKNOWN"
+#: Fired when a worker makes no progress for ``hang_timeout`` (the torch agent's hang detector);
+#: a spec opts in to hang detection by using it.
+HUNG_TRIGGER = "hung"
+#: The spec parameter of how long a worker may go without progress before ``hung`` fires.
+HANG_TIMEOUT_PARAM = "hang_timeout"
+#: The preset used when none is named: by every ``fsm-agent`` command, the torch agent and the
+#: conformance kit.
+DEFAULT_SPEC = "torchelastic"
 
 MAX_SPEC_BYTES = 1 << 20
 # Immutable, so safe as shared defaults.

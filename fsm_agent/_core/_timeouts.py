@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 
-from ._spec import Spec
+from ._spec import HANG_TIMEOUT_PARAM, HUNG_TRIGGER, Spec
 from ._units import format_seconds
 
 __all__ = ["KILL_MARGIN", "RULES", "Finding", "Layers", "check_timeouts", "format_findings"]
@@ -135,15 +135,15 @@ def _stop_fits_grace(spec: Spec, v: Mapping[str, Any], layers: Layers,
 
 def _hang_below_collective(spec: Spec, v: Mapping[str, Any], layers: Layers,
                            gives_up: Callable[[], bool]) -> _Verdict | None:
-    if "hung" not in spec.triggers or "hang_timeout" not in v:
+    if HUNG_TRIGGER not in spec.triggers or HANG_TIMEOUT_PARAM not in v:
         return None
-    timeout = float(v["hang_timeout"])
+    timeout = float(v[HANG_TIMEOUT_PARAM])
     if not math.isfinite(timeout):
         return None
     # a hang is reported at most one sample period (a tenth, within 0.05-5 s) after the timeout
     reported = timeout + min(5.0, max(0.05, timeout / 10.0))
     ok = reported < layers.collective_timeout
-    return ("hang_timeout", ok,
+    return (HANG_TIMEOUT_PARAM, ok,
             f"a hang is detected {_s(reported)} after it begins (hang_timeout "
             f"{_s(timeout)} + one sample), {'before' if ok else 'not before'} the collective "
             f"timeout {_s(layers.collective_timeout)} (--collective-timeout)"

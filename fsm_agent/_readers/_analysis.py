@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._core._matchers import stopped_by_torch
-from .._core._spec import Spec
+from .._core._spec import HUNG_TRIGGER, Spec
 from ..trace._writer import Trace, TraceRecord
 
 if TYPE_CHECKING:
@@ -35,9 +35,9 @@ if TYPE_CHECKING:
 __all__ = ["Decision", "FailureInfo", "Incident", "JobAnalysis", "Lane", "Segment", "analyse"]
 
 #: Triggers whose step means the workers failed or stopped making progress.
-FAILURE_TRIGGERS = ("failed", "unhealthy", "hung")
+INCIDENT_TRIGGERS = ("failed", "unhealthy", HUNG_TRIGGER)
 #: Action name -> timeline segment kind.
-ACTION_KINDS = {
+SEGMENT_OF_ACTION = {
     "stop_workers": "stopping",
     "restart_workers": "restarting",
     "rendezvous": "rendezvous",
@@ -257,7 +257,7 @@ def _exception(data: Any) -> tuple[str | None, str | None]:
 
 
 def _failures(rec: TraceRecord, node: str) -> tuple[FailureInfo, ...]:
-    hung = rec.trigger == "hung"
+    hung = rec.trigger == HUNG_TRIGGER
     raw = rec.data.get("failures")
     if not isinstance(raw, Mapping):
         return ()
@@ -309,8 +309,8 @@ def _state_kind(spec: Spec | None, state: str | None, rec: TraceRecord) -> str:
 
 
 def _action_kind(name: str) -> str:
-    if name in ACTION_KINDS:
-        return ACTION_KINDS[name]
+    if name in SEGMENT_OF_ACTION:
+        return SEGMENT_OF_ACTION[name]
     if "health" in name or name.startswith("check_"):
         return "health"
     return "action"
@@ -378,7 +378,7 @@ def _consume_actions(spec: Spec | None) -> frozenset[str]:
 
 
 def _cause(trigger: str, failures: Sequence[FailureInfo]) -> str:
-    if trigger == "hung":
+    if trigger == HUNG_TRIGGER:
         return "hang"
     if not failures:
         return "unhealthy" if trigger == "unhealthy" else "failure"
@@ -398,7 +398,7 @@ def _incidents(lane: int, node: str, records: Sequence[TraceRecord],
         health = diag.get("health") if isinstance(diag.get("health"), Mapping) else None
         stop_acts = {"stop_workers", "restart_workers"} & {str(a.get("name"))
                                                             for a in rec.actions}
-        failure = rec.trigger in FAILURE_TRIGGERS and rec.source in RUNNING_STATES
+        failure = rec.trigger in INCIDENT_TRIGGERS and rec.source in RUNNING_STATES
         membership = rec.trigger == "healthy" and bool(stop_acts)
         left = health is not None and health.get("ok") is False
         if not (failure or membership or left):
@@ -593,7 +593,7 @@ def analyse(traces: Sequence[Trace], specs: Mapping[int, Spec] | Spec | None = N
                           records_total))
     lanes_t = tuple(lanes)
     outcome = _outcome(lanes_t)
-    failing = [x for x in incidents if x.failures or x.trigger == "hung"]
+    failing = [x for x in incidents if x.failures or x.trigger == HUNG_TRIGGER]
     gave_up = [x for x in failing if x.decision is not None and x.decision.outcome in
                ("gave up", "aborted")]
     pool = gave_up or failing

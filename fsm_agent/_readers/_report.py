@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._core._files import FileRefused, printable_lines, read_tail_under, read_under
+from .._core._spec import HUNG_TRIGGER
 from .._core._units import format_elapsed
 from ._analysis import FailureInfo, Incident, JobAnalysis
 from ._summary import describe_failure, describe_progress
@@ -349,7 +350,7 @@ def _root_cause(a: JobAnalysis, log_dirs: Sequence[str] = ()) -> str:
             reason = inc.health.get("reason") if inc.health else None
             body.append(f"<p><b>node {_e(inc.node)} failed its health check and left the job:"
                         f"</b> {_e(reason)}</p>")
-    if x is not None and x.trigger == "hung":
+    if x is not None and x.trigger == HUNG_TRIGGER:
         body.append(f"<p><b>hang:</b> rank(s) {_e(', '.join(str(f.rank) for f in x.failures))}"
                     f" made no progress for {_e(format_elapsed(x.hang_idle))} before detection; "
                     "stacks below.</p>")

@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from .._core._spec import HUNG_TRIGGER
 from .._core._units import format_elapsed
 from ..trace._schema import fold_key
 from ..trace._writer import Trace, TraceRecord, step_record
@@ -114,13 +115,13 @@ def format_text(a: JobAnalysis) -> str:
     if a.root_cause is not None:
         label = "root cause" if a.outcome != "SUCCEEDED" else "first failure (recovered)"
         lines.append(f"{label}: {describe_failure(a.root_cause)}")
-    elif x is not None and x.trigger == "hung":
+    elif x is not None and x.trigger == HUNG_TRIGGER:
         lines.append("root cause: worker group hung")
     left = [i for i in a.incidents if i.cause == "unhealthy node"]
     if left and a.root_cause is None:
         reason = left[0].health.get("reason") if left[0].health else None
         lines.append(f"root cause: node {left[0].node} failed its health check: {reason}")
-    if x is not None and x.trigger == "hung":
+    if x is not None and x.trigger == HUNG_TRIGGER:
         hung = [f for f in x.failures]
         if hung:
             lines.append("  hung ranks: " + ", ".join(str(f.rank) for f in hung)

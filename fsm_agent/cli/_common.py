@@ -24,14 +24,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from .._core._errors import SpecError
 from .._core._load import load_spec, preset_names
-from .._core._spec import Spec
+from .._core._spec import DEFAULT_SPEC, Spec
 from .._core._vocabulary import Vocabulary
 
 if TYPE_CHECKING:
     from ..trace._writer import Trace
 
 __all__ = [
-    "DEFAULT_SPEC",
     "FAILED",
     "OK",
     "USAGE",
@@ -53,7 +52,6 @@ __all__ = [
 ]
 
 OK, FAILED, USAGE = 0, 1, 2
-DEFAULT_SPEC = "torchelastic"
 # Bumped when a --format json shape changes incompatibly (a new key is not a change).
 JSON_FORMAT_VERSION = 1
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from .._core._engine import Lifecycle, Step
+from .._core._engine import Lifecycle
 from .._core._errors import WorkerGroupFailureException
 from .._core._spec import STATE_NAMES
+from .._core._step import Step
 from ..testing import RecordingDriver
 from ._common import (
     FAILED,

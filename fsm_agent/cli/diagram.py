@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .._core._load import preset_names
+from .._core._spec import DEFAULT_SPEC
 from ._common import (
-    DEFAULT_SPEC,
     FAILED,
     OK,
     UsageError,

@@ -17,18 +17,31 @@ from ._target_api import TARGET_APIS, TargetAPI, load_target_api
 # kit's names load on first use.
 _KIT = {
     "DIVERGENCES": "_conformance", "ConformanceFailure": "_conformance",
-    "Divergence": "_conformance", "HarnessError": "_conformance",
+    "IntendedDivergence": "_conformance", "HarnessError": "_conformance",
     "ScriptedDriver": "_conformance",
     "SupervisorConformance": "_conformance", "check_script": "_conformance",
     "conformance_machine": "_conformance", "default_settings": "_conformance",
     "run_conformance": "_conformance", "run_script": "_conformance",
-    "ReferenceRun": "_reference", "Trace": "_reference", "reference_trace": "_reference",
+    "ReferenceRun": "_reference", "ConformanceTrace": "_reference",
+    "reference_trace": "_reference",
     "RunConfig": "_strategies", "Tick": "_strategies", "run_configs": "_strategies",
     "scripts": "_strategies", "ticks": "_strategies",
 }
 
+# The kit's old class names, still importable but warning: they collided with fsm_agent.trace's
+# `Trace` (a JSONL trace) and `Divergence` (where a trace departs from its spec). Never cached in
+# globals(), so every use warns.
+_DEPRECATED = {"Trace": "ConformanceTrace", "Divergence": "IntendedDivergence"}
+
 
 def __getattr__(name: str) -> Any:
+    new = _DEPRECATED.get(name)
+    if new is not None:
+        import warnings
+
+        warnings.warn(f"fsm_agent.testing.{name} is deprecated; use {new}",
+                      DeprecationWarning, stacklevel=2)
+        return __getattr__(new)
     module = _KIT.get(name)
     if module is None:
         raise AttributeError(f"module 'fsm_agent.testing' has no attribute {name!r}")
@@ -49,8 +62,9 @@ __all__ = [
     "TARGET_APIS",
     "Call",
     "ConformanceFailure",
-    "Divergence",
+    "ConformanceTrace",
     "HarnessError",
+    "IntendedDivergence",
     "ModelError",
     "RecordingDriver",
     "ReferenceRun",
@@ -62,7 +76,6 @@ __all__ = [
     "TLCResult",
     "TargetAPI",
     "Tick",
-    "Trace",
     "check_model",
     "check_protocol",
     "check_script",

@@ -8,11 +8,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from .._core._spec import DEFAULT_SPEC
 from ._compare import compare_traces, trace_invariants
 from ._oracle import _oracle, _window
 from ._reference import (
+    ConformanceTrace,
     Pending,
-    Trace,
 )
 from ._strategies import (
     RunConfig,
@@ -21,7 +22,7 @@ from ._strategies import (
     ticks,
 )
 from ._table import render_table
-from ._targets import DEFAULT_SPEC, _spec_label, resolve_target, run_script
+from ._targets import _spec_label, resolve_target, run_script
 
 
 class ConformanceFailure(AssertionError):
@@ -34,10 +35,10 @@ def check_script(
     script: Sequence[Tick],
     *,
     spec: Any = DEFAULT_SPEC,
-    expected: Trace | None = None,
+    expected: ConformanceTrace | None = None,
     spec_label: str | None = None,
     windowed: bool | None = None,
-) -> Trace:
+) -> ConformanceTrace:
     """Run ``target`` on one script; raise :class:`ConformanceFailure` (the table) if it differs
     from the reference for ``spec`` or breaks an invariant. Returns the target's trace.
 
@@ -62,14 +63,14 @@ def check_script(
 
 def draw_case(
     data: Any,
-    oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
+    oracle: Callable[[RunConfig, Sequence[Tick]], ConformanceTrace],
     *,
     configs: st.SearchStrategy[RunConfig] | None = None,
     max_ticks: int = 16,
     faults: bool = True,
     timed: bool = False,
     tick_strategy: st.SearchStrategy[Tick] | None = None,
-) -> tuple[RunConfig, tuple[Tick, ...], Trace]:
+) -> tuple[RunConfig, tuple[Tick, ...], ConformanceTrace]:
     """Draw a config, then ticks one at a time until the reference run is over (or the draw
     says the script ends there, with the run still going).
 

@@ -10,10 +10,10 @@ from typing import Any
 import attrs
 
 from ._reference import (
+    ConformanceTrace,
     Event,
     Raised,
     Returned,
-    Trace,
 )
 from ._strategies import (
     RunConfig,
@@ -21,7 +21,7 @@ from ._strategies import (
 
 
 @attrs.frozen
-class Divergence:
+class IntendedDivergence:
     """A difference from torch 2.13's agent that fsm_agent makes on purpose, and why."""
 
     name: str
@@ -29,28 +29,28 @@ class Divergence:
     reason: str
 
 
-DIVERGENCES: tuple[Divergence, ...] = (
-    Divergence(
+DIVERGENCES: tuple[IntendedDivergence, ...] = (
+    IntendedDivergence(
         "give-up-reports-failed",
         "torchrun preset, giving up after an UNHEALTHY observation",
         "torch 2.13 returns the raw UNHEALTHY RunResult, which torchrun's launcher reports as a "
         "success; fsm_agent returns the same result with state FAILED. The kit accepts either.",
     ),
-    Divergence(
+    IntendedDivergence(
         "action-errors-wrapped",
         "a hook (driver call) raises inside a transition's action or guard",
         "torch lets the raw exception out of _invoke_run; fsm_agent raises ActionError naming "
         "the action and the transition, with the original as __cause__. The kit compares the "
         "cause's type and message.",
     ),
-    Divergence(
+    IntendedDivergence(
         "unknown-after-action-error",
         "the group state after a hook raised inside a transition",
         "torch leaves whatever state it had reached (e.g. STOPPED when the rendezvous of a "
         "restart fails); fsm_agent moves to UNKNOWN, its error state, so that a failed action "
         "never leaves the machine in a state it did not enter cleanly. The kit accepts either.",
     ),
-    Divergence(
+    IntendedDivergence(
         "torchelastic-returns-runresult",
         "torchelastic preset, on success",
         "the seed's _invoke_run returns the bare ret_vals dict (its old API); fsm_agent returns "
@@ -91,7 +91,7 @@ def same_calls(expected: Sequence[Event], actual: Sequence[Event]) -> bool:
         _same_call(a, b) for a, b in zip(expected, actual, strict=True))
 
 
-def compare_traces(expected: Trace, actual: Trace) -> list[str]:
+def compare_traces(expected: ConformanceTrace, actual: ConformanceTrace) -> list[str]:
     """What differs between a reference trace and a supervisor's, after intended divergences."""
     problems = []
     if expected.events != actual.events and not same_calls(expected.events, actual.events):
@@ -113,7 +113,8 @@ def compare_traces(expected: Trace, actual: Trace) -> list[str]:
     return problems
 
 
-def trace_invariants(trace: Trace, config: RunConfig, *, windowed: bool = False) -> list[str]:
+def trace_invariants(trace: ConformanceTrace, config: RunConfig, *,
+                     windowed: bool = False) -> list[str]:
     """Invariants of the model tests that hold for every lifecycle, checked on one trace.
 
     ``windowed``: restarts are counted within a sliding window, so the ``remaining_restarts``

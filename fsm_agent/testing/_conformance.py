@@ -27,15 +27,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from .._core._spec import DEFAULT_SPEC
 from ._agent_shape import (
     HarnessError,
 )
 from ._check_script import ConformanceFailure, check_script, draw_case
-from ._compare import DIVERGENCES, Divergence, compare_traces, trace_invariants
+from ._compare import DIVERGENCES, IntendedDivergence, compare_traces, trace_invariants
 from ._machine import SupervisorConformance
 from ._oracle import _never, _oracle, _profile
 from ._reference import (
-    Trace,
+    ConformanceTrace,
 )
 from ._scripted import EndOfScript, RunawaySupervisor, ScriptedDriver, _HarnessAbort
 from ._strategies import (
@@ -44,14 +45,14 @@ from ._strategies import (
 )
 from ._table import render_table
 from ._target_api import TargetAPI
-from ._targets import DEFAULT_SPEC, _spec_label, resolve_target, run_script
+from ._targets import _spec_label, resolve_target, run_script
 
 __all__ = [
     "DIVERGENCES",
     "ConformanceFailure",
-    "Divergence",
     "EndOfScript",
     "HarnessError",
+    "IntendedDivergence",
     "RunawaySupervisor",
     "ScriptedDriver",
     "SupervisorConformance",
@@ -211,7 +212,7 @@ def _plainer(field: str, value: Any) -> tuple[Any, ...]:
     return (plain,)
 
 
-def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], Trace],
+def simplify(target: Any, oracle: Callable[[RunConfig, Sequence[Tick]], ConformanceTrace],
              config: RunConfig, script: Sequence[Tick], *,
              window: Callable[[RunConfig], float] = _never,
              keep: Sequence[str] = ()) -> tuple[RunConfig, tuple[Tick, ...]]:

@@ -14,21 +14,22 @@ from hypothesis.stateful import (
     rule,
 )
 
+from .._core._spec import DEFAULT_SPEC
 from ._agent_shape import (
     HarnessError,
 )
 from ._check_script import ConformanceFailure, check_script
 from ._oracle import _oracle, _profile
 from ._reference import (
+    ConformanceTrace,
     Pending,
-    Trace,
 )
 from ._scripted import _HarnessAbort
 from ._strategies import (
     RunConfig,
     Tick,
 )
-from ._targets import _DEFAULTS, DEFAULT_SPEC, _spec_label, resolve_target
+from ._targets import _DEFAULTS, _spec_label, resolve_target
 
 
 def _class_attr(cls: type, name: str) -> Any:
@@ -46,7 +47,7 @@ class SupervisorConformance(RuleBasedStateMachine):
     one monitor tick to the current run's script (:func:`ticks`); after every step the target is
     run on the whole script so far and compared with the reference, call by call. Add your own
     ``@rule``/``@invariant`` methods in the subclass; ``self.config``, ``self.script`` and
-    ``self.last`` (the target's latest :class:`Trace`) are there to read.
+    ``self.last`` (the target's latest :class:`ConformanceTrace`) are there to read.
 
     >>> class TestMyAgent(SupervisorConformance):  # doctest: +SKIP
     ...     target = MyAgent          # a SimpleElasticAgent subclass, or a factory(driver)
@@ -77,12 +78,12 @@ class SupervisorConformance(RuleBasedStateMachine):
         self._window = profile.window
         self.config: RunConfig = _DEFAULTS
         self.script: list[Tick] = []
-        self.last: Trace | None = None
+        self.last: ConformanceTrace | None = None
         self.running = False
         self._saved_disable = logging.root.manager.disable
         logging.disable(logging.CRITICAL)
 
-    def _verify(self, expected: Trace) -> None:
+    def _verify(self, expected: ConformanceTrace) -> None:
         try:
             self.last = check_script(self._target, self.config, self.script, expected=expected,
                                      spec_label=_spec_label(type(self).spec),

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import attrs
 
+from .._core._job import JOB_FAILED
 from .._core._load import load_spec
-from .._core._spec import Spec
+from .._core._spec import HUNG_TRIGGER, Spec
 
 __all__ = [
-    "JOB_FAILED",
     "ModelError",
     "TLCResult",
     "check_model",
@@ -42,9 +42,6 @@ __all__ = [
     "lifecycle_module",
     "model_dir",
 ]
-
-#: The trigger the torch agent fires when the job's outcome has been announced.
-JOB_FAILED = "job_failed"
 
 # What each action does to the protocol: the model's interpreter knows these names. An action the
 # model does not know is an error (say what it does here, and in JobProtocol.tla if it matters),
@@ -359,7 +356,7 @@ def check_protocol(
     bad = set(outcomes) - {"failed", "unhealthy", "succeeded", "hung"}
     if bad:
         raise ValueError(f"unknown worker outcomes {sorted(bad)}")
-    if "hung" not in spec.triggers:  # only a spec that handles it hears of a hang
+    if HUNG_TRIGGER not in spec.triggers:  # only a spec that handles it hears of a hang
         outcomes = tuple(o for o in outcomes if o != "hung")
     if shutil.which(java) is None:
         raise ModelError(f"{java!r} not found: TLC needs Java 11 or newer")

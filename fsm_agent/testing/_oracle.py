@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ._reference import (
     PRESETS,
     RESILIENT_DEFAULTS,
-    Trace,
+    ConformanceTrace,
     reference_trace,
 )
 from ._strategies import (
@@ -34,7 +34,7 @@ from ._strategies import (
 from ._targets import _spec_label, resolve_target, run_script
 
 
-def _oracle(spec: Any) -> Callable[[RunConfig, Sequence[Tick]], Trace]:
+def _oracle(spec: Any) -> Callable[[RunConfig, Sequence[Tick]], ConformanceTrace]:
     """The reference for ``spec``: the table for a preset name, the engine for a spec file."""
     if isinstance(spec, str) and spec in PRESETS:
         return functools.partial(reference_trace, spec)

@@ -94,12 +94,12 @@ from ._strategies import RunConfig, Tick, failure_summary, fault_error, tick_res
 __all__ = [
     "PRESETS",
     "RESILIENT_DEFAULTS",
+    "ConformanceTrace",
     "Event",
     "Pending",
     "Raised",
     "ReferenceRun",
     "Returned",
-    "Trace",
     "reference_trace",
 ]
 
@@ -184,7 +184,7 @@ Outcome = Returned | Raised | Pending
 
 
 @attrs.frozen
-class Trace:
+class ConformanceTrace:
     """Everything observable about one run of a supervisor on one script.
 
     ``exit_code`` is the exit code the supervisor asked the job to end with
@@ -269,7 +269,7 @@ class ReferenceRun:
         self._faults[self.tick_no] = tick.fault
         self._run(lambda: self._tick(tick))
 
-    def trace(self) -> Trace:
+    def trace(self) -> ConformanceTrace:
         """The run so far; a run still going ends with the wait and the monitor call the
         supervisor makes next (which finds no tick in the script)."""
         events = tuple(self.events)
@@ -277,7 +277,8 @@ class ReferenceRun:
         if outcome is None:
             events += (("sleep", self.config.monitor_interval), ("monitor",))
             outcome = Pending()
-        return Trace(events, outcome, self.state, self.remaining_restarts, self.exit_code)
+        return ConformanceTrace(events, outcome, self.state, self.remaining_restarts,
+                                self.exit_code)
 
     # -- the tables --------------------------------------------------------------------------
 
@@ -479,7 +480,7 @@ class ReferenceRun:
         return max(0.0, base)
 
 
-def reference_trace(preset: str, config: RunConfig, script: Sequence[Tick]) -> Trace:
+def reference_trace(preset: str, config: RunConfig, script: Sequence[Tick]) -> ConformanceTrace:
     """What a supervisor of ``preset`` does on ``script``, straight from the reference table.
 
     The group state after a hook failure is the one torch's agent has reached at that point

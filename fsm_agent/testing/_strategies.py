@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from .._core._params import format_value
 
 if TYPE_CHECKING:
-    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.agent.server.api import RunResult
 
 __all__ = [
     "BARRIER_OUTCOMES",
@@ -76,11 +76,6 @@ def _torch() -> Any:
     from torch.distributed.elastic.agent.server import api
 
     return api
-
-
-def worker_state(name: str) -> WorkerState:
-    """torch's ``WorkerState`` member called ``name``."""
-    return _torch().WorkerState[name]  # type: ignore[no-any-return]
 
 
 def _param_items(value: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any],

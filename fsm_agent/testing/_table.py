@@ -9,8 +9,8 @@ from typing import Any
 from .._core._units import format_offset
 from ._compare import same_calls
 from ._reference import (
+    ConformanceTrace,
     Event,
-    Trace,
 )
 from ._strategies import (
     RunConfig,
@@ -56,8 +56,8 @@ def _segments(events: Sequence[Event], n: int) -> list[list[Event]]:
     return segs
 
 
-def render_table(config: RunConfig, script: Sequence[Tick], expected: Trace, actual: Trace,
-                 problems: Sequence[str] = ()) -> str:
+def render_table(config: RunConfig, script: Sequence[Tick], expected: ConformanceTrace,
+                 actual: ConformanceTrace, problems: Sequence[str] = ()) -> str:
     """The counterexample as a table: one row per tick, expected and actual calls side by side.
 
     Columns for how a failure failed, the time a tick took and the random draw appear only when
@@ -96,7 +96,7 @@ def render_table(config: RunConfig, script: Sequence[Tick], expected: Trace, act
     return "\n".join(lines)
 
 
-def _outcome_line(trace: Trace) -> str:
+def _outcome_line(trace: ConformanceTrace) -> str:
     code = f", exit code {trace.exit_code}" if trace.exit_code is not None else ""
     return (f"{trace.outcome.describe()}; state {trace.state}, "
             f"remaining_restarts {trace.remaining_restarts}{code}")

@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from .._core._spec import DEFAULT_SPEC
 from ._agent_shape import (
     HarnessError,
     Route,
@@ -43,10 +44,10 @@ from ._agent_shape import (
 )
 from ._reference import (
     PRESETS,
+    ConformanceTrace,
     Pending,
     Raised,
     Returned,
-    Trace,
 )
 from ._scripted import (
     EndOfScript,
@@ -72,8 +73,6 @@ FACTORY_SETTINGS: tuple[str, ...] = ("role", "max_restarts", "exit_barrier_timeo
 #: What the kit also passes, when the factory takes it, for a spec with parameters or timers:
 #: the run's parameter values, its virtual clock and its scripted random source.
 TIME_SETTINGS: tuple[str, ...] = ("params", "clock", "rng")
-#: The spec the kit checks against when none is named (as every ``fsm-agent`` command).
-DEFAULT_SPEC = "torchelastic"
 _DEFAULTS = RunConfig()
 
 
@@ -318,7 +317,7 @@ def _classify(value: Any, rec: _Recorder) -> Returned | Raised | Pending:
 
 
 def run_script(target: Any, config: RunConfig, script: Sequence[Tick],
-               *, spec: Any = DEFAULT_SPEC) -> Trace:
+               *, spec: Any = DEFAULT_SPEC) -> ConformanceTrace:
     """Run ``target`` once on a script and return everything it did."""
     tgt = resolve_target(target, spec)
     rec = ScriptedDriver(config, script, tgt.result_types)
@@ -338,5 +337,5 @@ def run_script(target: Any, config: RunConfig, script: Sequence[Tick],
         remaining = getattr(supervisor, "remaining_restarts", None)
         code = getattr(supervisor, "exit_code", None)
     code = code if isinstance(code, int) and not isinstance(code, bool) else None
-    return Trace(tuple(rec.events), _classify(value, rec), state, remaining, code)
+    return ConformanceTrace(tuple(rec.events), _classify(value, rec), state, remaining, code)
 

@@ -31,6 +31,7 @@ from fsm_agent._core._params import bind_params
 from fsm_agent._core._peers import PEER_LOST_GUARD
 from fsm_agent._core._policy import rule_budgets
 from fsm_agent._core._progress import PROGRESS_DIR_ENV, Mark, newest_mtime, read_steps
+from fsm_agent._core._spec import DEFAULT_SPEC, HANG_TIMEOUT_PARAM, HUNG_TRIGGER
 from fsm_agent.torch._compat import require_core
 from fsm_agent.torch._drain import DrainMixin
 from fsm_agent.torch._driver import TorchDriver
@@ -40,7 +41,6 @@ from fsm_agent.torch._fastpath import (
     fast_rendezvous,
     notify_background_syncs,
 )
-from fsm_agent.torch._hang import HANG_TIMEOUT_PARAM, HUNG_TRIGGER
 from fsm_agent.torch._heartbeat import HangWatchdogMixin
 from fsm_agent.torch._job import STORE_ERRORS, AgentJob
 from fsm_agent.torch._monitor import FATAL_EXCEPTIONS, MonitorWaitMixin
@@ -140,7 +140,7 @@ class LifecycleAgentMixin(MonitorWaitMixin):
     def __init__(
         self,
         *args: Any,
-        lifecycle_spec: str | os.PathLike[str] | Spec = "torchelastic",
+        lifecycle_spec: str | os.PathLike[str] | Spec = DEFAULT_SPEC,
         listeners: Iterable[Listener] = (),
         isolate_worker_store: bool = True,
         lifecycle_params: Mapping[str, Any] | None = None,

@@ -28,7 +28,7 @@ a timeout raises ``TimeoutError``; the lifecycle's ``exit_barrier`` action logs 
 
 When that is not possible (not on the main thread, the wake-up fd already owned by someone such as
 asyncio, a store that cannot be cloned, no ``/proc`` to tell its connection apart) the barrier
-polls ``store.check`` instead, at most every :data:`POLL_INTERVAL`, and sleeps in between.
+polls ``store.check`` instead, at most every :data:`BARRIER_POLL_INTERVAL`, and sleeps in between.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["ABORT_EVERY", "POLL_INTERVAL", "BarrierAborted", "interruptible_barrier"]
+__all__ = ["ABORT_EVERY", "BARRIER_POLL_INTERVAL", "BarrierAborted", "interruptible_barrier"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
 #: Longest pause between two looks at the store when the barrier has to poll (the fallback): the
 #: bound on how late an agent leaves after the last one arrives. A ``store.check`` is one
 #: loopback round trip (~0.1 ms).
-POLL_INTERVAL = 0.01
+BARRIER_POLL_INTERVAL = 0.01
 
 #: How often (seconds) a barrier with an ``abort`` question asks it.
 ABORT_EVERY = 1.0
@@ -307,7 +307,7 @@ def _poll(store: Any, key: str, deadline: float, timeout: float, *, abort: Abort
                 raise BarrierAborted(reason)
         # Short sleeps first (the common case is a barrier the others reach at once).
         time.sleep(min(pause, deadline - now))
-        pause = min(POLL_INTERVAL, pause * 2)
+        pause = min(BARRIER_POLL_INTERVAL, pause * 2)
 
 
 def _timeout(timeout: float, key: str) -> TimeoutError:

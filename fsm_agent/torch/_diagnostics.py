@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 
 from fsm_agent._core._progress import note_attempt_end
+from fsm_agent._core._spec import HUNG_TRIGGER
 from fsm_agent.torch._hang import (
-    HUNG_TRIGGER,
     HungRank,
     encode_suspects,
     find_suspects,

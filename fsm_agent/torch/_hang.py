@@ -39,13 +39,10 @@ import attrs
 from fsm_agent._core._files import printable
 from fsm_agent.torch._stacks import StackDump, capture_stacks, parse_main_thread
 
-__all__ = ["HANG_TIMEOUT_PARAM", "HUNG_TRIGGER", "HungRank", "Suspects", "encode_suspects",
-           "find_suspects", "hang_failures", "merge_suspects", "stacks_dir", "take_stacks"]
+__all__ = ["HungRank", "Suspects", "encode_suspects", "find_suspects", "hang_failures",
+           "merge_suspects", "stacks_dir", "take_stacks"]
 
 logger = logging.getLogger("fsm_agent.torch")
-
-HUNG_TRIGGER = "hung"
-HANG_TIMEOUT_PARAM = "hang_timeout"
 
 
 @attrs.frozen

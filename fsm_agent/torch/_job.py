@@ -319,10 +319,6 @@ class AgentJob:
             logger.error("[%s] %s", self.role, self.lost.reason)
             return self.lost
 
-    def over(self) -> bool:
-        """Whether the job is over (for the exit barrier's poll)."""
-        return self.check() is not None
-
     def rendezvous_poll(self, *, restart: bool) -> None:
         """Between two looks at the rendezvous state: raise ``JobOver`` if the job is over, or,
         on a restart, if a node has already reached its exit barrier (the round to come could

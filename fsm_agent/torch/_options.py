@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from fsm_agent._core._spec import DEFAULT_SPEC
 from fsm_agent._core._units import check_seconds
 from fsm_agent.torch._preload import check_module_names
 
@@ -79,7 +80,7 @@ class AgentOptions:
     """
 
     # --spec and --spec-param, with the spec loaded and its parameters checked (fsm_agent.cli)
-    lifecycle_spec: Spec | str | os.PathLike[str] = "torchelastic"
+    lifecycle_spec: Spec | str | os.PathLike[str] = DEFAULT_SPEC
     lifecycle_params: Mapping[str, Any] | None = None
     exit_barrier_timeout: float = attrs.field(default=300.0, metadata=flag(
         "--exit-barrier-timeout", "--exit_barrier_timeout", metavar="SECONDS", parse=float,

@@ -176,17 +176,6 @@ def _fmt_actions(items: Sequence[tuple[str, str]], source: str, dest: str) -> st
                           for kind, names in groups)
 
 
-def _is_terminal(spec: Spec, name: str) -> bool:
-    """Whether action ``name`` (built in, registered, or a spec instance of a kind) is terminal:
-    its exception is the spec's outcome, not a fault."""
-    adef = spec.vocabulary.actions.get(name)
-    if adef is not None:
-        return adef.terminal
-    inst = next((a for a in spec.action_defs if a.name == name), None)
-    kind = spec.vocabulary.action_kinds.get(inst.kind) if inst is not None else None
-    return kind is not None and kind.terminal
-
-
 def _check_step(
     spec: Spec,
     rec: TraceRecord,
@@ -279,7 +268,7 @@ def _check_step(
                                 f"{rec.source}, but the trace ends in {rec.dest}")
             return chosen, None
         failed_kind = str(failed_action.get("kind", "action"))
-        terminal = _is_terminal(spec, str(failed_action["name"]))
+        terminal = spec.is_terminal(str(failed_action["name"]))
         if not terminal and rec.dest != ERROR_STATE:
             return chosen, (f"{where}: {failed_kind} {failed_action['name']!r} raised, so the "
                             f"machine must move to {ERROR_STATE}, but the trace ends in "

@@ -40,6 +40,20 @@ def test_public_namespaces_re_export_the_private_objects() -> None:
     assert launch is _launch.launch
 
 
+@pytest.mark.parametrize(("old", "new"), [("Trace", "ConformanceTrace"),
+                                          ("Divergence", "IntendedDivergence")])
+def test_the_kits_old_class_names_warn_and_give_the_renamed_class(old: str, new: str) -> None:
+    import fsm_agent.testing as testing
+
+    with pytest.warns(DeprecationWarning, match=rf"fsm_agent\.testing\.{old} is deprecated; "
+                                                rf"use {new}$"):
+        value = getattr(testing, old)
+    assert value is getattr(testing, new)
+    assert old not in testing.__all__ and new in testing.__all__
+    with pytest.warns(DeprecationWarning):  # a second use warns again: the old name is not cached
+        getattr(testing, old)
+
+
 def test_docs_import_public_modules_only() -> None:
     offenders = []
     for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from fsm_agent import Lifecycle
 from fsm_agent.testing._conformance import compare_traces, draw_case, render_table, run_script
 from fsm_agent.testing._oracle import _profile
-from fsm_agent.testing._reference import Raised, Returned, Trace, reference_trace
+from fsm_agent.testing._reference import ConformanceTrace, Raised, Returned, reference_trace
 from fsm_agent.testing._strategies import RunConfig, Tick
 from fsm_agent.testing._targets import resolve_target
 
@@ -41,7 +41,7 @@ def _lifecycle(spec: Any) -> Any:
     return _LIFECYCLES[key]
 
 
-def ours_from_torch(torch_trace: Trace) -> Trace:
+def ours_from_torch(torch_trace: ConformanceTrace) -> ConformanceTrace:
     """What fsm_agent must do, given what torch's agent did: torch's trace with exactly the
     intended divergences (``fsm_agent.testing.DIVERGENCES``) applied."""
     out = torch_trace.outcome
@@ -77,8 +77,8 @@ def differential(reference_agent: Any, preset: str, config: RunConfig, script: S
     name = getattr(reference_agent, "__name__", "?")
     problems = []
     if want != ours:
-        fields = [f.name for f in attrs.fields(Trace) if getattr(want, f.name) != getattr(ours,
-                                                                                        f.name)]
+        fields = [f.name for f in attrs.fields(ConformanceTrace)
+                  if getattr(want, f.name) != getattr(ours, f.name)]
         problems.append(f"fsm_agent differs from {name} in "
                         f"{', '.join(fields)}:\n" + render_table(config, script, want, ours))
     table = reference_trace(preset, config, script)

@@ -23,7 +23,13 @@ from fsm_agent.testing._conformance import (
     run_script,
     trace_invariants,
 )
-from fsm_agent.testing._reference import Pending, Raised, Returned, Trace, reference_trace
+from fsm_agent.testing._reference import (
+    ConformanceTrace,
+    Pending,
+    Raised,
+    Returned,
+    reference_trace,
+)
 from fsm_agent.testing._strategies import RunConfig, Tick
 from fsm_agent.torch import LifecycleAgentMixin
 
@@ -263,19 +269,19 @@ def test_invariants_of_a_timed_run() -> None:
     # a backoff may wait between the stop and the restart: no invariant broken
     backoff = (*start, *tick, ("stop_workers",), ("sleep", 1.0), ("rendezvous",),
                ("start_workers",), *tick)
-    assert trace_invariants(Trace(backoff, Pending()), config) == []
+    assert trace_invariants(ConformanceTrace(backoff, Pending()), config) == []
     # looking at the workers while they are stopped (monitoring during the backoff)
     peeking = (*start, *tick, ("stop_workers",), ("sleep", 0.5), ("monitor",))
-    assert trace_invariants(Trace(peeking, Pending()), config) == [
+    assert trace_invariants(ConformanceTrace(peeking, Pending()), config) == [
         "call 7: monitor() while the workers are stopped"]
     # a restart whose stop is not the last thing before it
     unstopped = (*start, *tick, ("stop_workers",), ("num_nodes_waiting",), ("rendezvous",),
                  ("start_workers",))
-    assert trace_invariants(Trace(unstopped, Pending()), config) == [
+    assert trace_invariants(ConformanceTrace(unstopped, Pending()), config) == [
         "call 7: restart without stop_workers() first"]
     # the remaining_restarts metric may come back up only when a window gives restarts back
     metrics = (*start, *tick, ("put_metric", "workers.default.remaining_restarts", 1), *tick,
                ("put_metric", "workers.default.remaining_restarts", 2))
-    assert trace_invariants(Trace(metrics, Pending()), config, windowed=True) == []
-    assert trace_invariants(Trace(metrics, Pending()), config) == [
+    assert trace_invariants(ConformanceTrace(metrics, Pending()), config, windowed=True) == []
+    assert trace_invariants(ConformanceTrace(metrics, Pending()), config) == [
         "remaining_restarts went up: [1, 2]"]
