@@ -1,7 +1,7 @@
 """The driver's optional capabilities: declared Protocols, reached through them, with the same
 defaults as before for a driver that lacks one.
 
-The core (``fsm_agent/*.py``) asks for an optional driver method with
+The core (``fsm_agent/_core/``) asks for an optional driver method with
 ``capability(driver, SomeProtocol.method)``, never by a name in a string: a new capability is a
 new Protocol member, documented where the others are.
 """
@@ -37,7 +37,11 @@ CAPABILITIES = (_driver.PeerDriver, _driver.HealthDriver, _driver.QuarantineDriv
 
 
 def _core_modules() -> list[Path]:
-    return sorted(p for p in PKG.glob("*.py") if p.name != "_driver.py")
+    # every module below the outer packages (torch/, testing/ and cli/ have drivers of their own)
+    found = sorted(p for p in PKG.rglob("*.py") if p.name != "_driver.py"
+                   and p.relative_to(PKG).parts[0] not in ("torch", "testing", "cli"))
+    assert PKG / "_core" / "_engine.py" in found, "the core's modules were not found"
+    return found
 
 
 def _calls(path: Path, func: str) -> list[ast.Call]:

@@ -104,11 +104,12 @@ def test_every_guard_kind_gets_its_examples_right(name: str) -> None:
 def test_every_module_s_guard_kinds_are_built_in() -> None:
     # A kind declared in a vocabulary module but not added to the built-in vocabulary would
     # escape the test above.
-    modules = sorted(p.stem for p in (ROOT / "fsm_agent").glob("_*.py")
+    modules = sorted(p.stem for p in (ROOT / "fsm_agent" / "_core").glob("_*.py")
                      if not p.stem.startswith("__"))
     declared = {}
     for stem in modules:
-        declared.update(getattr(importlib.import_module(f"fsm_agent.{stem}"), "GUARD_KINDS", {}))
+        module = importlib.import_module(f"fsm_agent._core.{stem}")
+        declared.update(getattr(module, "GUARD_KINDS", {}))
     assert declared and declared.keys() <= BUILTIN.guard_kinds.keys()
 
 
