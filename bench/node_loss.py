@@ -10,7 +10,7 @@ lost for good) and measures, from the kill:
   fsm-agent only) - torch's keep-alive expiring, then the next monitor tick or the failure;
 - ``spare running``: the spare's worker started (it writes its ranks when it runs).
 
-Scenarios (the worker scripts of tests/torch/scripts):
+Scenarios (the worker scripts of tests/agent/scripts):
 
 ``collective``  every rank in a gloo all_reduce loop: the survivor's worker fails at once
                 ("Connection closed by peer"); fsm-agent's resilient classifies it peer_lost
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "tests" / "torch" / "scripts"
+SCRIPTS = ROOT / "tests" / "agent" / "scripts"
 WORKERS = {"collective": SCRIPTS / "allreduce_worker.py", "idle": SCRIPTS / "slot_worker.py"}
 LAUNCHERS = {
     "fsm-agent": [sys.executable, "-m", "fsm_agent", "run", "--spec", "resilient",

@@ -2,7 +2,7 @@
 # Run the test suite against another torch release, in a virtual environment of its own.
 #
 #   compat/run_torch.sh 2.14.1                 # the whole suite
-#   compat/run_torch.sh 2.14.1 tests/torch     # pytest arguments after the version
+#   compat/run_torch.sh 2.14.1 tests/agent     # pytest arguments after the version
 #
 # The project is installed from a snapshot of the current commit (git archive), so editing the
 # work tree while it runs changes nothing. The venv (VENV, default /tmp/fsm-agent-torch-VERSION)

@@ -20,8 +20,8 @@ _OWN_TMP: str | None = None
 
 
 def _torch_installed() -> bool:
-    # not just find_spec("torch"): tests/ is on sys.path, so tests/torch is a namespace package
-    # named torch when the real one is missing
+    # origin too: a directory named torch on sys.path would be a namespace package (the torch
+    # driver's tests are in tests/agent/ so that none is)
     spec = importlib.util.find_spec("torch")
     return spec is not None and spec.origin is not None
 
@@ -43,7 +43,7 @@ if not TORCH_INSTALLED:
 
 
 #: Without torch these are not collected: they test the torch adapter.
-_TORCH_DIRS = ("torch", "torch_upstream", "reliability", "perf", "slurm")
+_TORCH_DIRS = ("agent", "torch_upstream", "reliability", "perf", "slurm")
 #: Tests that need torch without importing it: they start ``fsm-agent run`` or ``demo``, or run
 #: README snippets and examples that use torch's result types. (Node id prefixes, so that a
 #: renamed test fails the torch-free run instead of being skipped unseen.)

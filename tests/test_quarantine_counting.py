@@ -1,7 +1,7 @@
 """Quarantine's counting (``fsm_agent/_core/_quarantine.py``, the ``resilient`` preset's rule
 ``quarantine``), on the engine with the recording driver and virtual time; the mark on the job's
 store (``fsm_agent._core._job``). Which rule the guard kind shadows: ``tests/test_policy.py``. Real
-agents on loopback are in ``tests/torch/test_quarantine.py``."""
+agents on loopback are in ``tests/agent/test_quarantine.py``."""
 
 from __future__ import annotations
 

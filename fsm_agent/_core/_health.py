@@ -370,7 +370,7 @@ GUARD_KINDS: dict[str, Kind] = {
         _not_quarantined_kind, {}, None, {},
         description="this node carries no quarantine mark of the job (the driver's look at the "
         "mark; a driver that keeps none: true)",
-        untested="the mark is on the job's rendezvous store (tests/torch/test_quarantine.py)"),
+        untested="the mark is on the job's rendezvous store (tests/agent/test_quarantine.py)"),
 }
 
 #: ``leave_job``: the terminal action of a node that failed its health checks.

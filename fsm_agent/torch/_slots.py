@@ -102,7 +102,7 @@ def spares_wait(state: Any, max_nodes: int) -> None:
     moves a node already waiting when a round fills up: it stays on the wait list, every
     participant's ``num_nodes_waiting`` counts it, the group restarts for it at once, the next
     round fills up again without it, and so on. With two spares after a loss that storm never
-    settles (``tests/torch/test_spares.py``). A waiting node that cannot take part is a spare:
+    settles (``tests/agent/test_spares.py``). A waiting node that cannot take part is a spare:
     in the redundancy list it waits as torch's own spares do, and joins the wait list again as
     soon as the round loses a participant.
     """

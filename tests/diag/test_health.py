@@ -15,7 +15,7 @@ from fsm_agent import load_spec
 from fsm_agent._core._health import command_succeeds, disk_free, health_budget, store_reachable
 
 SPEC = Path(__file__).parent / "specs" / "health.yaml"
-ENV_WORKER = Path(__file__).parents[1] / "torch" / "scripts" / "env_worker.py"
+ENV_WORKER = Path(__file__).parents[1] / "agent" / "scripts" / "env_worker.py"
 
 
 def test_disk_free_names_the_path_and_the_shortfall(tmp_path: Path) -> None:

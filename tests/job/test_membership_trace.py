@@ -1,6 +1,6 @@
 """Trace validation (tests/membership_trace.py, specs/model/MembershipTrace.tla): TLC matches a
 run the model allows and rejects one it does not. The real runs are validated at the end of the
-multi-node tests (tests/torch/test_slots.py, test_spares.py, test_peers.py, test_quarantine.py,
+multi-node tests (tests/agent/test_slots.py, test_spares.py, test_peers.py, test_quarantine.py,
 tests/job/test_standalone_store.py); these traces are written by hand, as those logs read.
 """
 

@@ -8,7 +8,7 @@ worker), and each test names the upstream test it mirrors. Upstream runs most sc
 as well; etcd is not part of this project, so c10d and static stand in. Not repeated: the RPC
 test (tensorpipe, nothing of the agent beyond the distributed sum), the health-check test (torch's
 open-source health-check server is a stub), the master address override (etcd only upstream; the
-static master port is tested in ``tests/torch``).
+static master port is tested in ``tests/agent``).
 """
 
 from __future__ import annotations

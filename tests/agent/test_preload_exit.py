@@ -2,14 +2,14 @@
 ``fsm_agent/torch/_template.py``): without the interpreter's teardown, but with everything a
 normal exit gives the worker and the agent.
 
-Each case runs ``tests/torch/scripts/exit_worker.py`` twice with the same environment: cold
+Each case runs ``tests/agent/scripts/exit_worker.py`` twice with the same environment: cold
 (``python -u SCRIPT``, as torch's ``Popen`` starts it) and forked from a real template process
 (the agent's own ``Template``), and compares the exit code, stdout, stderr and the files the
 worker left: the error file torch's ``@record`` writes, an ``atexit`` handler's, a non-daemon
 thread's, ``logging``'s, a file the worker never closed. At the end of the worker, ``sys.stdout``
 is a fully buffered stream with unflushed text and C's stdio holds text too, so a fast exit that
 skipped a flush, the ``atexit`` handlers or the thread join would lose something here. The same
-under a real agent, through torch's redirects and ``--tee``: tests/torch/test_preload.py.
+under a real agent, through torch's redirects and ``--tee``: tests/agent/test_preload.py.
 """
 
 from __future__ import annotations

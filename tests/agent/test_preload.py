@@ -309,7 +309,7 @@ def test_a_module_that_hangs_at_import_is_given_up_and_what_it_started_ends(
 
 @pytest.mark.timeout(180)
 def test_a_forked_workers_fast_exit_loses_no_redirected_or_teed_output(jobs: Jobs) -> None:
-    # tests/torch/test_preload_exit.py checks the fast exit against a cold one without an
+    # tests/agent/test_preload_exit.py checks the fast exit against a cold one without an
     # agent; here the output goes through torch's redirect files and the agent's --tee.
     def job(name: str, *extra: str) -> tuple[int, dict[str, str], list[str]]:
         workdir = jobs.tmp_path / name

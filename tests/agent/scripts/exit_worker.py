@@ -1,5 +1,5 @@
 """Test worker for how a worker forked from the ``--preload`` template ends
-(tests/torch/test_preload_exit.py): everything a normal interpreter exit does for the worker is
+(tests/agent/test_preload_exit.py): everything a normal interpreter exit does for the worker is
 left pending when it ends, and the test compares what came out with a cold ``python -u`` run.
 
 Environment:

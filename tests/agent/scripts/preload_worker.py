@@ -1,6 +1,6 @@
 """Test worker for warm starts (``--preload``): records everything a process can see of how it
 was started, prints to stdout and stderr, then behaves as told. Run cold and forked from a
-template, the records and output files must be the same (tests/torch/test_preload.py).
+template, the records and output files must be the same (tests/agent/test_preload.py).
 
 Environment read (besides torch's):
   OUT_DIR       where ``attempt{N}_rank{R}.json`` goes
