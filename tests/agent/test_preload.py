@@ -320,8 +320,11 @@ def test_a_forked_workers_fast_exit_loses_no_redirected_or_teed_output(jobs: Job
                          env={"MODE": "exit:3", "SIDE_FILE": str(workdir / "s")})
         code = run.wait(120)
         logs = {p.name: p.read_text() for p in sorted((workdir / "logs").rglob("std*.log"))}
-        tee = [line.split("]:", 1)[1] for line in run.output.splitlines()
-               if line.startswith("[default0]:")]
+        # The agent tees stdout and stderr from two threads into one captured stream, so a
+        # text without a newline may have the other stream's next line appended to it: compare
+        # what each "[default0]:" prefix introduced, in either order.
+        tee = [part for line in run.output.splitlines() if line.startswith("[default0]:")
+               for part in line.split("[default0]:")[1:]]
         return code, logs, sorted(tee)
 
     cold = job("cold")
