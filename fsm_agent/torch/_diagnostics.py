@@ -31,6 +31,13 @@ __all__ = ["DiagnosticsMixin"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
+#: How long a node of several waits for the other nodes' parts of the suspects: three sample
+#: periods, within these bounds (seconds). The others find the hang up to about a sample period
+#: and a monitor interval later, then take their ranks' stacks (a py-spy dump each) before they
+#: share theirs; a floor of 2 s was once too short for that on a quiet 2-core machine, and the
+#: node that waits out the bound named no suspect.
+SUSPECTS_WAIT = (5.0, 15.0)
+
 
 class DiagnosticsMixin:
     """The diagnostics part of ``LifecycleAgentMixin`` (one of its bases): hang reports, stack
@@ -117,8 +124,9 @@ class DiagnosticsMixin:
             # the other nodes found their hang within about a sample of this one: the job's
             # suspects are in every node's part
             period = self._fsm_hangs.period if self._fsm_hangs is not None else 1.0
+            low, high = SUSPECTS_WAIT
             found = merge_suspects(job.pool_notes("suspects", encode_suspects(found), nodes,
-                                                  min(15.0, max(2.0, 3 * period))))
+                                                  min(high, max(low, 3 * period))))
         for rank, dump in dumps:
             failure = failures.get(rank)
             if failure is not None and isinstance(getattr(failure, "message", None), str):
