@@ -27,7 +27,7 @@ import attrs
 
 from .._core._matchers import stopped_by_torch
 from .._core._spec import HUNG_TRIGGER, Spec
-from ..trace._writer import Trace, TraceRecord
+from ..trace._reader import Trace, TraceRecord
 
 if TYPE_CHECKING:
     pass

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._spec import HUNG_TRIGGER
 from .._core._units import format_elapsed
+from ..trace._reader import Trace, TraceRecord
 from ..trace._schema import fold_key
-from ..trace._writer import Trace, TraceRecord, step_record
+from ..trace._writer import step_record
 from ._analysis import FailureInfo, JobAnalysis, _num, analyse
 
 if TYPE_CHECKING:

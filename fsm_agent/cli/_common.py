@@ -28,7 +28,7 @@ from .._core._spec import DEFAULT_SPEC, Spec
 from .._core._vocabulary import Vocabulary
 
 if TYPE_CHECKING:
-    from ..trace._writer import Trace
+    from ..trace._reader import Trace
 
 __all__ = [
     "FAILED",
@@ -349,7 +349,8 @@ def load_spec_arg(args: argparse.Namespace, value: str | None = None, *,
 
 def read_trace_arg(path: str) -> list[Trace]:
     """The lifecycles of a trace file; a missing or malformed file is a :class:`UsageError`."""
-    from ..trace._writer import TraceError, read_trace
+    from ..trace._reader import read_trace
+    from ..trace._schema import TraceError
 
     try:
         return read_trace(path)

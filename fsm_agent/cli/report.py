@@ -26,7 +26,7 @@ from ._common import spec_for_trace as _spec_for_trace
 
 if TYPE_CHECKING:
     from .._core._spec import Spec
-    from ..trace._writer import Trace
+    from ..trace._reader import Trace
 
 __all__ = ["build_parser", "main"]
 

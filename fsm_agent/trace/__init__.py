@@ -23,18 +23,10 @@ import torch.
 
 from __future__ import annotations
 
+from ._reader import Trace, TraceRecord, read_trace
 from ._replay import Divergence, ReplayResult, replay
-from ._writer import (
-    TRACE_FORMAT,
-    TRACE_VERSION,
-    JsonlTraceWriter,
-    Trace,
-    TraceError,
-    TraceRecord,
-    TraceWriter,
-    open_trace,
-    read_trace,
-)
+from ._schema import TRACE_FORMAT, TRACE_VERSION, TraceError
+from ._writer import JsonlTraceWriter, TraceWriter, open_trace
 
 __all__ = [
     "TRACE_FORMAT",

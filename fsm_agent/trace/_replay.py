@@ -31,8 +31,8 @@ from .._core._spec import (
     Spec,
 )
 from .._core._spec import TransitionSpec as Transition
+from ._reader import Trace, TraceRecord
 from ._replay_policy import PolicyCheck
-from ._writer import Trace, TraceRecord
 
 __all__ = [
     "Divergence",

@@ -25,7 +25,8 @@ from .._core._params import Ref, format_value
 from .._core._spec import TIMEOUT_TRIGGER, BackoffSpec, Spec, TimeoutSpec
 from .._core._spec import TransitionSpec as Transition
 from .._core._units import format_plain_seconds
-from ._writer import Trace, TraceRecord, param_text
+from ._reader import Trace, TraceRecord
+from ._writer import param_text
 
 __all__ = ["PolicyCheck"]
 

@@ -43,31 +43,19 @@ from typing import IO, TYPE_CHECKING, Any
 
 from .._core._files import open_regular
 from .._core._step import Step, _jsonable
-from ._reader import MAX_LINE_BYTES, Trace, TraceRecord, read_trace
+from ._reader import MAX_LINE_BYTES
 from ._schema import (
     _RESERVED,
     STEP_FIELDS,
     TRACE_FORMAT,
     TRACE_VERSION,
-    TraceError,
     fold_key,
 )
 
 if TYPE_CHECKING:
     from .._core._spec import Spec
 
-__all__ = [
-    "TRACE_FORMAT",
-    "TRACE_VERSION",
-    "JsonlTraceWriter",
-    "Trace",
-    "TraceError",
-    "TraceRecord",
-    "TraceWriter",
-    "open_trace",
-    "read_trace",
-    "step_record",
-]
+__all__ = ["JsonlTraceWriter", "TraceWriter", "open_trace", "param_text", "step_record"]
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ from typing import Any
 from fsm_agent import load_spec
 from fsm_agent._readers._analysis import analyse
 from fsm_agent._readers._summary import format_text
-from fsm_agent.trace._writer import Trace, TraceRecord
+from fsm_agent.trace._reader import Trace, TraceRecord
 
 
 def _failure(rank: int, exitcode: int, timestamp: int, error_file: str | None = None

@@ -18,7 +18,7 @@ from diag_helpers import FAST, Jobs, trace_records
 from fsm_agent import load_spec
 from fsm_agent._readers._analysis import analyse
 from fsm_agent._readers._summary import format_text
-from fsm_agent.trace._writer import read_trace
+from fsm_agent.trace._reader import read_trace
 
 WORKER = Path(__file__).parents[1] / "reliability" / "scripts" / "worker.py"
 REPO = Path(__file__).parents[2]

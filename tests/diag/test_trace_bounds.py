@@ -18,8 +18,9 @@ from diag_helpers import Jobs, trace_records
 from fsm_agent import Lifecycle, load_spec
 from fsm_agent._core._units import parse_size
 from fsm_agent.testing import RecordingDriver
+from fsm_agent.trace._reader import read_trace
 from fsm_agent.trace._replay import replay, summary
-from fsm_agent.trace._writer import JsonlTraceWriter, read_trace, step_record
+from fsm_agent.trace._writer import JsonlTraceWriter, step_record
 
 SCRIPT = ["HEALTHY"] * 400 + ["FAILED"] + ["HEALTHY"] * 250 + ["UNHEALTHY"] + \
     ["HEALTHY"] * 100 + ["SUCCEEDED"]
@@ -222,7 +223,7 @@ def test_a_20_mb_error_message_gives_a_trace_that_replay_and_report_read(
         jobs: Jobs, tmp_path: Path) -> None:
     # torch keeps the message twice in its failure (message, error_file_data): the record was
     # 40 MB, past what the reader takes (16 MiB a line), and replay and report refused it whole.
-    from fsm_agent.trace._writer import MAX_LINE_BYTES
+    from fsm_agent.trace._reader import MAX_LINE_BYTES
 
     script = tmp_path / "huge_error.py"
     script.write_text(HUGE_ERROR)

@@ -18,7 +18,8 @@ from fsm_agent import Lifecycle, load_spec
 from fsm_agent._readers._analysis import analyse
 from fsm_agent._readers._summary import RunRecorder, format_text
 from fsm_agent.testing import RecordingDriver, make_result
-from fsm_agent.trace._writer import Trace, TraceRecord, step_record
+from fsm_agent.trace._reader import Trace, TraceRecord
+from fsm_agent.trace._writer import step_record
 
 
 class OldRecorder:

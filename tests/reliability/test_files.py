@@ -29,8 +29,10 @@ from reliability_helpers import FAST, Jobs
 from fsm_agent import Lifecycle, load_spec
 from fsm_agent._core._files import FileRefused, open_regular, read_bounded
 from fsm_agent.testing import RecordingDriver
+from fsm_agent.trace._reader import read_trace
 from fsm_agent.trace._replay import UntrustedSpec, trace_spec
-from fsm_agent.trace._writer import JsonlTraceWriter, TraceError, read_trace
+from fsm_agent.trace._schema import TraceError
+from fsm_agent.trace._writer import JsonlTraceWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_TRACE = ROOT / "tests" / "tools" / "data" / "fail_once_recover.jsonl"

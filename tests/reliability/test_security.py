@@ -13,7 +13,8 @@ from fsm_test_procs import listening_addresses
 from reliability_helpers import FAST, STANDALONE, Jobs, free_port
 
 from fsm_agent import SpecError, load_spec
-from fsm_agent.trace._writer import TraceError, read_trace
+from fsm_agent.trace._reader import read_trace
+from fsm_agent.trace._schema import TraceError
 
 
 def is_loopback(addr: str) -> bool:

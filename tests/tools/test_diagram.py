@@ -262,8 +262,8 @@ def test_trace_highlight_counts_edges_and_marks_the_end(capsys) -> None:
 def test_trace_highlight_in_dot(traced) -> None:
     pgv = pytest.importorskip("pygraphviz")
     from fsm_agent.diagram._render import highlight_from_replay
+    from fsm_agent.trace._reader import read_trace
     from fsm_agent.trace._replay import replay
-    from fsm_agent.trace._writer import read_trace
 
     path = traced("torchelastic", ["FAILED"], raises={"stop_workers": RuntimeError("boom")})
     spec = load_spec("torchelastic")

@@ -14,8 +14,9 @@ from fsm_agent import Lifecycle, SpecError, VirtualClock, load_spec, parse_spec
 from fsm_agent.cli.diagram import main as diagram_main
 from fsm_agent.diagram._render import highlight_from_replay, render, to_dot, to_mermaid
 from fsm_agent.testing import RecordingDriver, make_result
+from fsm_agent.trace._reader import read_trace
 from fsm_agent.trace._replay import replay
-from fsm_agent.trace._writer import JsonlTraceWriter, read_trace
+from fsm_agent.trace._writer import JsonlTraceWriter
 
 from ._helpers import ROOT
 

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from fsm_agent import load_spec
 from fsm_agent.cli.replay import main as replay_main
+from fsm_agent.trace._reader import read_trace
 from fsm_agent.trace._replay import replay
-from fsm_agent.trace._writer import read_trace
 
 from ._helpers import DATA, lines, run_traced, write_lines
 

@@ -16,8 +16,9 @@ import pytest
 from fsm_agent import Lifecycle, Spec, SpecError, VirtualClock, load_spec
 from fsm_agent.cli.replay import main as replay_main
 from fsm_agent.testing import RecordingDriver, make_result
+from fsm_agent.trace._reader import read_trace
 from fsm_agent.trace._replay import replay
-from fsm_agent.trace._writer import JsonlTraceWriter, read_trace
+from fsm_agent.trace._writer import JsonlTraceWriter
 
 from ._helpers import ROOT, lines, write_lines
 

@@ -15,7 +15,9 @@ import pytest
 
 from fsm_agent import Lifecycle
 from fsm_agent.testing import RecordingDriver
-from fsm_agent.trace._writer import JsonlTraceWriter, TraceError, open_trace, read_trace
+from fsm_agent.trace._reader import read_trace
+from fsm_agent.trace._schema import TraceError
+from fsm_agent.trace._writer import JsonlTraceWriter, open_trace
 
 from ._helpers import DATA, lines, run_traced, write_lines
 
