@@ -41,7 +41,7 @@ from fsm_agent.torch._fastpath import (
     fast_rendezvous,
     notify_background_syncs,
 )
-from fsm_agent.torch._heartbeat import HangWatchdogMixin
+from fsm_agent.torch._file_timer import HangWatchdogMixin
 from fsm_agent.torch._job import STORE_ERRORS, AgentJob
 from fsm_agent.torch._monitor import FATAL_EXCEPTIONS, MonitorWaitMixin
 from fsm_agent.torch._peers import PeerWatch, RoundLost, abortable_bootstrap, install_peer_watch
@@ -584,7 +584,7 @@ def _own(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # the sentinel, drains, a clean slate per start, hang watchdog, process-group reaping and warm
-# starts (fsm_agent.torch._sentinel, _drain, _slate, _heartbeat, _reaper, _preload)
+# starts (fsm_agent.torch._sentinel, _drain, _slate, _file_timer, _reaper, _preload)
 class FSMElasticAgent(  # type: ignore[misc]
     SentinelMixin,
     DrainMixin,

@@ -187,7 +187,7 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
              "torch.distributed.elastic.multiprocessing.subprocess_handler:SubprocessHandler",
              "proc"),
     *_points("wakeup", "init", f"{_MP}:MultiprocessContext", "_pc", "_ret_vals"),
-    # _heartbeat.py: torch's file-timer watchdog, subclassed
+    # _file_timer.py: torch's file-timer watchdog, subclassed
     *_points("hang_watchdog", "attr", f"{_TIMER}:FileTimerServer", "_reap_worker"),
     *_points("hang_watchdog", "init", f"{_TIMER}:FileTimerServer", "_log_event", "_file_path"),
     *_points("hang_watchdog", "attr", f"{_LOCAL}:LocalElasticAgent", "_setup_local_watchdog",

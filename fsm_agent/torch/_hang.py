@@ -8,7 +8,7 @@ A spec opts in with two well-known names (``docs/diagnosis.md``):
 - the parameter ``hang_timeout`` (a duration; ``inf`` turns detection off): a group whose
   workers all made no progress for that long is hung (``fsm_agent.torch._progress``).
 
-torch's own timer API (``TORCHELASTIC_ENABLE_FILE_TIMER=1``, ``fsm_agent.torch._heartbeat``)
+torch's own timer API (``TORCHELASTIC_ENABLE_FILE_TIMER=1``, ``fsm_agent.torch._file_timer``)
 delivers an expired deadline as ``hung`` too when the spec handles it, so the stacks are taken
 before anything is killed; otherwise it keeps its behaviour (kill the hung worker, report the
 group unhealthy).

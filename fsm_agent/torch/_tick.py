@@ -68,7 +68,7 @@ def monitor_is_torchs(cls: type) -> bool:
     watchdog mixin's (whose checks :class:`QuietTicks` accounts for)."""
     known = _KNOWN_MONITORS.get(cls)
     if known is None:
-        from fsm_agent.torch._heartbeat import HangWatchdogMixin
+        from fsm_agent.torch._file_timer import HangWatchdogMixin
 
         mro = cls.__mro__
         # what resolves before torch's own (the bases after it only declare the method)

@@ -1,4 +1,4 @@
-"""A worker that stops making progress, with and without the watchdog (fsm_agent.torch._heartbeat).
+"""A worker that stops making progress, with and without the watchdog (fsm_agent.torch._file_timer).
 
 The worker arms torch's own deadline around each step (``FileTimerClient`` + ``expires``) when
 the agent hands it a timer pipe; rank 1 then blocks inside a step on the first attempt.

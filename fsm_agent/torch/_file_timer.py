@@ -1,4 +1,5 @@
-"""Hang detection: a worker that stops making progress makes the group UNHEALTHY.
+"""Hang detection from torch's file timers: a worker whose deadline passes makes the group
+UNHEALTHY.
 
 The mechanism is torch's own watchdog, unchanged on the worker side: the agent runs a
 ``FileTimerServer`` on a named pipe when ``TORCHELASTIC_ENABLE_FILE_TIMER=1`` (optionally at
