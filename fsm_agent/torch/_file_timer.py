@@ -50,7 +50,7 @@ from fsm_agent.torch._hooks import AgentHooks
 if TYPE_CHECKING:
     from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 
-__all__ = ["ENABLE_VAR", "FILE_VAR", "Hang", "HangWatchdog", "HangWatchdogMixin"]
+__all__ = ["ENABLE_VAR", "FILE_VAR", "ExpiredTimer", "HangWatchdog", "HangWatchdogMixin"]
 
 logger = logging.getLogger("fsm_agent.torch")
 
@@ -61,7 +61,7 @@ FILE_VAR = "TORCHELASTIC_TIMER_FILE"
 
 
 @attrs.frozen
-class Hang:
+class ExpiredTimer:
     """A worker whose deadline passed: its pid, the timer's scope, when it expired, the signal."""
 
     pid: int
@@ -84,7 +84,7 @@ class HangWatchdog(FileTimerServer):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._lock = threading.Lock()
-        self._hung: dict[int, Hang] = {}
+        self._hung: dict[int, ExpiredTimer] = {}
         self._expired: dict[int, FileTimerRequest] = {}
         log_event: Any = getattr(self, "_log_event")  # noqa: B009 - set by torch's __init__
 
@@ -121,7 +121,7 @@ class HangWatchdog(FileTimerServer):  # type: ignore[misc]
         if worker_pid == os.getpid():
             return True  # torch would kill the agent here; the lifecycle handles the hang
         request = self._expired.pop(worker_pid, None)
-        hang = Hang(
+        hang = ExpiredTimer(
             worker_pid,
             request.scope_id if request is not None else "?",
             float(request.expiration_time) if request is not None else time.time(),
@@ -132,8 +132,8 @@ class HangWatchdog(FileTimerServer):  # type: ignore[misc]
         logger.warning("pid %s: %s", worker_pid, hang.describe())
         return True
 
-    def hung(self) -> dict[int, Hang]:
-        """Workers whose deadline passed (pid -> :class:`Hang`), since this server started."""
+    def hung(self) -> dict[int, ExpiredTimer]:
+        """Workers whose deadline passed (pid -> :class:`ExpiredTimer`), since it started."""
         with self._lock:
             return dict(self._hung)
 
