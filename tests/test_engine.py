@@ -191,6 +191,26 @@ def test_a_failing_listener_does_not_change_the_outcome(caplog: pytest.LogCaptur
     assert "listener" in caplog.text
 
 
+@pytest.mark.parametrize("exc", [SignalException("SIGHUP", 1), KeyboardInterrupt()])
+def test_a_signal_raised_while_a_listener_runs_ends_the_run(exc: BaseException) -> None:
+    # torch's handler raises SignalException in whatever runs when the signal arrives: in a
+    # trace write it must end the run, as between two transitions, not be logged as the
+    # listener's failure (the agent then ignored SIGHUP and ran on).
+    seen: list[Step] = []
+
+    def writer(step: Step) -> None:
+        if step.trigger == "start":
+            raise exc
+        seen.append(step)
+
+    lc = Lifecycle("torchrun", RecordingDriver(["SUCCEEDED"]), listeners=[writer],
+                   fatal_exceptions=(SignalException,))
+    with pytest.raises(type(exc)) as info:
+        lc.run(0.0)
+    assert info.value is exc
+    assert seen == [] and lc.result is None
+
+
 def test_lifecycles_of_one_spec_do_not_share_state() -> None:
     spec = load_spec("torchrun")
     a = Lifecycle(spec, RecordingDriver(), max_restarts=1)

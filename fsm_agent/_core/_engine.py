@@ -102,10 +102,8 @@ class Lifecycle:
             driver=driver, role=role, max_restarts=max_restarts, remaining_restarts=max_restarts,
             exit_barrier_timeout=float(exit_barrier_timeout), state=self._compiled.initial,
             fatal_exceptions=tuple(fatal_exceptions), params=bound,
-            clock=clock if clock is not None else _CLOCK,
-            rng=rng if rng is not None else _RNG,
-            window=window,
-            budget_scope=self.spec.budget.scope,
+            clock=clock if clock is not None else _CLOCK, rng=rng if rng is not None else _RNG,
+            window=window, budget_scope=self.spec.budget.scope,
             budget_limits=budget_limits(self.spec, values, window),
             guard_fns=self._compiled.guards,
         )
@@ -393,6 +391,8 @@ class Lifecycle:
         for listener in self._listeners:
             try:
                 listener(step)
+            except ctx.fatal_exceptions:  # a signal that came during a trace write: the agent's
+                raise
             except Exception:
                 # An observer (a trace file on a full disk, say) must not change the job's outcome.
                 log.exception("[%s] lifecycle listener %r failed", ctx.role, listener)
