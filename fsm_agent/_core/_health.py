@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from ._context import Context
 
 __all__ = ["ACTION_KINDS", "GUARD_KINDS", "CheckResult", "HealthCheck", "LeftJob",
-           "command_succeeds", "disk_free", "format_bytes", "health_budget", "run_checks",
+           "command_succeeds", "disk_free", "format_bytes", "health_budget",
            "store_reachable"]
 
 log = logging.getLogger("fsm_agent")
@@ -135,7 +135,10 @@ def store_reachable(host: str, port: int, timeout: float, *,
         store = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout),
                          wait_for_workers=False)
         store.check(["fsm_agent/health"])  # a round trip: the server answers, not just listens
-    except Exception as e:  # torch raises RuntimeError/DistStoreError/TimeoutError variants
+    except (RuntimeError, OSError, ValueError) as e:
+        # torch's store errors (DistStoreError, DistNetworkError) are RuntimeErrors, a socket's
+        # OSErrors (TimeoutError): not Exception, or a termination signal that torch's handler
+        # raised here (its SignalException) became "not reachable" and the node left the job
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return CheckResult(name, False, f"store {host}:{port} not reachable within "
                            f"{timeout:g} s: {msg}", time.monotonic() - t0)
@@ -165,6 +168,10 @@ def command_succeeds(command: str | Sequence[str], timeout: float, *,
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
+        except BaseException:  # a termination signal in the wait: the command goes first
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
         took = time.monotonic() - t0
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)  # the command if it timed out, and its children
@@ -182,22 +189,6 @@ def command_succeeds(command: str | Sequence[str], timeout: float, *,
             else f"exited {proc.returncode}")
     return CheckResult(name, False, f"command {shown} {code}" + (f": {last[:200]}" if last else ""),
                        took)
-
-
-def run_checks(checks: Sequence[tuple[str, Callable[[], CheckResult]]]) -> list[CheckResult]:
-    """Run ``checks`` (name, check) in order and stop at the first that fails; a check that
-    raises fails with the exception as its reason."""
-    results = []
-    for name, check in checks:
-        t0 = time.monotonic()
-        try:
-            result = check()
-        except Exception as e:
-            result = CheckResult(name, False, f"{type(e).__name__}: {e}", time.monotonic() - t0)
-        results.append(result)
-        if not result.ok:
-            break
-    return results
 
 
 # ---------------------------------------------------------------------------------------------

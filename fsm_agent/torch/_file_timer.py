@@ -247,6 +247,8 @@ class HangWatchdogMixin:
 
 def _stacks_before_kill(agent: Any, pids: dict[int, int], group: WorkerGroup) -> dict[int, str]:
     """Every worker's stacks, taken before a timer's kill (global rank -> where)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
     from fsm_agent.torch._hang import take_stacks
 
     try:
@@ -254,6 +256,8 @@ def _stacks_before_kill(agent: Any, pids: dict[int, int], group: WorkerGroup) ->
                    if w.local_rank in pids}
         dumps = take_stacks(workers, dict(agent._pcontext.error_files or {}),
                             role=group.spec.role, reason="a worker's timer expired")
+    except SignalException:
+        raise  # a termination signal during the dumps (seconds of py-spy) is the agent's
     except Exception:  # diagnostics must never change what happens to the job
         logger.exception("[%s] could not take the workers' stacks", group.spec.role)
         return {}

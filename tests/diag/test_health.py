@@ -72,6 +72,52 @@ def test_store_reachable_needs_an_answer_not_just_a_port() -> None:
     assert time.monotonic() - t0 < 10
 
 
+def test_a_signal_during_a_command_check_ends_the_check_and_the_command(tmp_path: Path) -> None:
+    # torch's handler raises SignalException wherever the agent is: in a check's wait, the check
+    # must neither swallow it nor leave the command's processes behind
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def raise_signal(signum: int, frame: object) -> None:
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signum)
+
+    marker = tmp_path / "child.pid"
+    old = signal.signal(signal.SIGALRM, raise_signal)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(SignalException):
+            command_succeeds(["sh", "-c", f"sleep 60 & echo $! > {marker}; wait"], 30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")
+
+
+def test_a_signal_during_a_store_check_is_not_an_unreachable_store(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def connect(*args: object, **kwargs: object) -> None:
+        raise SignalException("Process 1 got signal: 15", sigval=15)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.distributed, "TCPStore", connect)
+    with pytest.raises(SignalException):
+        store_reachable("127.0.0.1", 1, 1.0)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise torch.distributed.DistNetworkError("connection refused")
+
+    monkeypatch.setattr(torch.distributed, "TCPStore", refused)
+    res = store_reachable("127.0.0.1", 1, 1.0)
+    assert not res.ok and "connection refused" in res.reason
+
+
 #: The health command the tests give with --spec-param (a spec cannot name one itself).
 UNLESS_UNHEALTHY = "sh -c 'test -z \"$FSM_TEST_UNHEALTHY\"'"
 

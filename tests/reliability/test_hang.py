@@ -65,3 +65,32 @@ def test_without_the_watchdog_nothing_changes(jobs: Jobs, tmp_path: Path) -> Non
     assert alive(int(rec["pid"]))  # type: ignore[call-overload]
     job.proc.send_signal(signal.SIGTERM)
     assert job.wait(15) == 128 + signal.SIGTERM, job.output
+
+
+@pytest.mark.parametrize("raised", ["signal", "error"])
+def test_a_signal_while_the_timer_takes_stacks_is_the_agents(
+        monkeypatch: pytest.MonkeyPatch, raised: str) -> None:
+    # The stacks before a timer's kill are diagnostics: their errors are logged and the kill goes
+    # on; a termination signal that torch's handler raises during the dumps (seconds of py-spy)
+    # still ends the agent.
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from fsm_agent.torch import _file_timer, _hang
+
+    exc = (SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM) if raised == "signal"
+           else RuntimeError("py-spy is missing"))
+
+    def take_stacks(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(_hang, "take_stacks", take_stacks)
+    agent = SimpleNamespace(_pcontext=SimpleNamespace(error_files={}))
+    group = SimpleNamespace(workers=[SimpleNamespace(local_rank=0, global_rank=0)],
+                            spec=SimpleNamespace(role="default"))
+    if raised == "signal":
+        with pytest.raises(SignalException):
+            _file_timer._stacks_before_kill(agent, {0: 123}, group)  # type: ignore[arg-type]
+    else:
+        assert _file_timer._stacks_before_kill(agent, {0: 123}, group) == {}  # type: ignore[arg-type]
