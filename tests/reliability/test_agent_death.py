@@ -203,13 +203,22 @@ p.join()
 resource_tracker.ensure_running()
 helpers = {"forkserver": forkserver._forkserver._forkserver_pid,
            "resource_tracker": resource_tracker._resource_tracker._pid}
-child = subprocess.Popen(["sleep", "60"])
+child = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+with open("/proc/%d/environ" % child.pid, "rb") as f:
+    marked = ("FSM_AGENT_SENTINEL=" + sentinel.token).encode() in f.read().split(b"\0")
 sentinel.close()
-child.wait(10)
+try:
+    child.wait(10)
+    outcome = child.returncode
+except subprocess.TimeoutExpired:  # not swept: say what the sentinel did, and end it here
+    child.kill()
+    child.wait()
+    outcome = "survived"
 time.sleep(0.2)
 # still running: waitpid reaps nothing (they are this process's children)
 running = {name: os.waitpid(pid, os.WNOHANG) == (0, 0) for name, pid in helpers.items()}
-print(json.dumps({"running": running, "child": child.returncode}))
+print(json.dumps({"running": running, "child": outcome, "child_marked": marked,
+                  "sentinel_exit": sentinel.proc.returncode}))
 """
 
 
@@ -228,6 +237,7 @@ def test_a_normal_end_sweeps_the_workers_leftovers_but_not_the_processs_own_help
                          timeout=50, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    # a failure shows whether the leftover carried the token and how the sentinel ended
     assert result["child"] == -signal.SIGKILL, result
     # both helpers outlived the sweep; they end with their process (their pipes close)
     assert result["running"] == {"forkserver": True, "resource_tracker": True}, result
