@@ -58,9 +58,14 @@ me = os.getpid()
 # token when they started during a run; they are the agent process's, not its workers'
 HELPERS = (b"multiprocessing.forkserver import main",
            b"multiprocessing.resource_tracker import main")
-deadline = time.monotonic() + float(sys.argv[4])
+def stat(pid):
+    with open("/proc/%s/stat" % pid, "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()  # state, ppid, ... starttime at [19]
+born = int(stat(me)[19])  # the sentinel starts before any worker does
+start = time.monotonic()
+deadline = start + float(sys.argv[4])
 while True:
-    left = 0
+    left = pending = 0
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in (me, agent):
             continue
@@ -70,10 +75,19 @@ while True:
             continue
         try:
             with open("/proc/%s/environ" % entry, "rb") as f:
-                if needle not in f.read().split(b"\0"):
-                    continue
-            with open("/proc/%s/stat" % entry, "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                env = f.read()
+            if not env:
+                # a kernel thread, a zombie, or a process inside execve: its parent may have
+                # returned from vfork before the new environment is in place. One started
+                # since the sentinel, still running, is looked at again (for a second at most)
+                fields = stat(entry)
+                if (fields[0] != b"Z" and int(fields[1]) not in (0, 2)
+                        and int(fields[19]) >= born):
+                    pending += 1
+                continue
+            if needle not in env.split(b"\0"):
+                continue
+            ppid = int(stat(entry)[1])
             if ppid == agent:
                 with open("/proc/%s/cmdline" % entry, "rb") as f:
                     cmdline = f.read()
@@ -85,7 +99,8 @@ while True:
             pass
         finally:
             os.close(fd)
-    if not left or time.monotonic() > deadline:
+    now = time.monotonic()
+    if now > deadline or not (left or (pending and now < start + 1.0)):
         break
     time.sleep(0.05)
 """

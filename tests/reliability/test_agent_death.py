@@ -204,6 +204,7 @@ resource_tracker.ensure_running()
 helpers = {"forkserver": forkserver._forkserver._forkserver_pid,
            "resource_tracker": resource_tracker._resource_tracker._pid}
 child = subprocess.Popen(["sleep", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# what the sweep reads: empty while the child is still inside execve (vfork returns first)
 with open("/proc/%d/environ" % child.pid, "rb") as f:
     marked = ("FSM_AGENT_SENTINEL=" + sentinel.token).encode() in f.read().split(b"\0")
 sentinel.close()
