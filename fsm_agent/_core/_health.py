@@ -168,13 +168,10 @@ def command_succeeds(command: str | Sequence[str], timeout: float, *,
             timed_out = False
         except subprocess.TimeoutExpired:
             timed_out = True
-        except BaseException:  # a termination signal in the wait: the command goes first
+        finally:  # also when a termination signal ends the wait
+            took = time.monotonic() - t0
             with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        took = time.monotonic() - t0
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the command if it timed out, and its children
+                os.killpg(proc.pid, signal.SIGKILL)  # the command if it timed out, its children
         proc.wait()
         if timed_out:
             return CheckResult(name, False, f"command {shown} did not finish within "
